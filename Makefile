@@ -1,0 +1,31 @@
+# One command each: `make demo` runs the main job, `make test` runs the tests.
+# Both bootstrap a local virtual environment (.venv) on first use, idempotently.
+PYTHON ?= python3
+VENV   ?= .venv
+# CPU wheel by default (no CUDA packages). GPU users: `make TORCH=torch` or
+# install their own torch into $(VENV) before running make.
+TORCH  ?= torch==2.13.0
+PY      = $(VENV)/bin/python
+
+.PHONY: demo test bench venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: venv
+	$(PY) scripts/reconstruct.py $(ARGS)
+
+test: venv
+	$(PY) -m pytest -q $(ARGS)
+
+bench: venv
+	$(PY) scripts/benchmark.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -1,0 +1,34 @@
+"""Backends of the shift-sum operator, by name.
+
+Every backend computes the same operator (see ``base``); they differ only in
+speed and in which geometries/devices they support. ``auto`` times the
+candidates once per (device, dtype, shapes, geometry) and keeps the fastest.
+"""
+from cassi.backends.auto import AutoBackend
+from cassi.backends.base import Backend, Geometry, UnsupportedGeometry
+from cassi.backends.compiled import CompiledBackend
+from cassi.backends.conv import ConvBackend
+from cassi.backends.fft import FFTBackend
+from cassi.backends.fold import FoldBackend
+from cassi.backends.loop import LoopBackend
+from cassi.backends.scatter import ScatterBackend
+from cassi.backends.strided import StridedBackend
+from cassi.backends.triton import TritonBackend
+
+BACKENDS: dict[str, type[Backend]] = {
+    b.name: b
+    for b in (LoopBackend, ConvBackend, ScatterBackend, FoldBackend, StridedBackend,
+              FFTBackend, CompiledBackend, TritonBackend, AutoBackend)
+}
+
+
+def get_backend(backend: str | Backend) -> Backend:
+    """A backend instance from its name (see ``BACKENDS``) or an instance."""
+    if isinstance(backend, Backend):
+        return backend
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)} or a Backend instance, got {backend!r}")
+    return BACKENDS[backend]()
+
+
+__all__ = ["BACKENDS", "Backend", "Geometry", "UnsupportedGeometry", "get_backend", *[c.__name__ for c in BACKENDS.values()]]

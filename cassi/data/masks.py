@@ -1,0 +1,113 @@
+"""Coded-aperture masks: random binary masks and crops of a large real mask.
+
+Shapes follow the operator's conventions: one mask is (H, W); a mask per
+sample is (B, 1, H, W), which broadcasts over the C bands of (B, C, H, W).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["bernoulli_mask", "random_crops", "center_crop"]
+
+
+def _check_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def _size_pair(size) -> tuple[int, int]:
+    """An int s (for s x s) or a pair (h, w) of ints >= 1, as (h, w)."""
+    pair = (size, size) if isinstance(size, int) and not isinstance(size, bool) else size
+    try:
+        h, w = pair
+        return _check_int("size[0]", h), _check_int("size[1]", w)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"size must be an int or a pair (h, w) of ints >= 1, got {size!r}") from None
+
+
+def _check_crop(mask: torch.Tensor, h: int, w: int) -> None:
+    H, W = mask.shape[-2:]
+    if h > H or w > W:
+        raise ValueError(f"crop size (h, w) = ({h}, {w}) is larger than the mask's (H, W) = ({H}, {W})")
+
+
+def bernoulli_mask(
+    height: int,
+    width: int,
+    p: float = 0.5,
+    seed: int = 0,
+    batch: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Random binary mask: each pixel is 1 with probability ``p``, else 0.
+
+    Returns (H, W) when ``batch`` is None, else (B, 1, H, W) with a different
+    mask per sample; the same (height, width, p, seed, batch) always gives the
+    same mask (a local generator is used; the global RNG state is untouched).
+    Raises ValueError unless 0 < p <= 1.
+    """
+    _check_int("height", height)
+    _check_int("width", width)
+    _check_int("seed", seed, minimum=0)
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"p must be a number in (0, 1], got {p!r} ({type(p).__name__})")
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be a number in (0, 1], got {p!r}")
+    shape = (height, width) if batch is None else (_check_int("batch", batch), 1, height, width)
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) < p).to(dtype)
+
+
+def random_crops(
+    mask: torch.Tensor,
+    size,
+    batch: int,
+    generator: torch.Generator | None = None,
+    return_offsets: bool = False,
+):
+    """``batch`` random (h, w) windows of a large (H, W) mask, as (B, 1, h, w).
+
+    This is how real-data training uses one large calibrated mask (e.g. the
+    660 x 660 KAIST mask): each sample sees a different window. Offsets are
+    uniform over all positions that keep the window inside the mask, drawn
+    with ``generator`` (a CPU generator; the global RNG if None).
+
+    Args:
+        mask: (H, W) tensor, any dtype and device (the crops keep both).
+        size: int s for s x s, or a pair (h, w), with h <= H and w <= W.
+        batch: number of crops B >= 1.
+        return_offsets: also return the (B, 2) int64 (top, left) corners, so
+            that crop b is ``mask[top:top + h, left:left + w]``.
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor of shape (H, W), got {type(mask).__name__}")
+    if mask.ndim != 2:
+        raise ValueError(f"mask must have shape (H, W), got shape {tuple(mask.shape)}")
+    h, w = _size_pair(size)
+    _check_int("batch", batch)
+    _check_crop(mask, h, w)
+    H, W = mask.shape
+    top = torch.randint(H - h + 1, (batch,), generator=generator)
+    left = torch.randint(W - w + 1, (batch,), generator=generator)
+    rows = (top[:, None] + torch.arange(h)).to(mask.device)  # (B, h)
+    cols = (left[:, None] + torch.arange(w)).to(mask.device)  # (B, w)
+    crops = mask[rows[:, :, None], cols[:, None, :]].unsqueeze(1)
+    return (crops, torch.stack([top, left], 1)) if return_offsets else crops
+
+
+def center_crop(mask: torch.Tensor, size) -> torch.Tensor:
+    """The central (h, w) window of the last two dims of ``mask`` (..., H, W).
+
+    The top-left corner is ((H - h) // 2, (W - w) // 2). Returns a view.
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor of shape (..., H, W), got {type(mask).__name__}")
+    if mask.ndim < 2:
+        raise ValueError(f"mask must have shape (..., H, W), got shape {tuple(mask.shape)}")
+    h, w = _size_pair(size)
+    _check_crop(mask, h, w)
+    top, left = (mask.shape[-2] - h) // 2, (mask.shape[-1] - w) // 2
+    return mask[..., top:top + h, left:left + w]

@@ -1,0 +1,17 @@
+"""Read and write cubes, masks and measurements (.mat v5/v7.3, OME-TIFF, .npy, .npz, .h5).
+
+In memory: cubes (C,H,W) float32, masks (H,W) or (C,H,W), measurements
+(1,H,W'). On disk: H×W×C or C×H×W, detected from metadata or shape, never
+guessed when ambiguous. Every problem with a file raises DataFileError naming the
+file; writes are atomic. Needs only torch, numpy, scipy, h5py and tifffile.
+"""
+from cassi.io.arrays import (Cube, Measurement, check_mask_fits, load_cube, load_mask, load_measurement,
+                             save_cube, save_mask, save_measurement)
+from cassi.io.formats import FORMATS, DataFileError
+from cassi.io.spectral import CAVE_WAVELENGTHS, TSA_WAVELENGTHS, resample_bands
+
+__all__ = [
+    "CAVE_WAVELENGTHS", "FORMATS", "TSA_WAVELENGTHS", "Cube", "DataFileError", "Measurement",
+    "check_mask_fits", "load_cube", "load_mask", "load_measurement", "resample_bands",
+    "save_cube", "save_mask", "save_measurement",
+]

@@ -1,0 +1,263 @@
+"""Cubes, masks and measurements: load with validation, save atomically with metadata.
+
+Rules shared by every loader:
+- Layout: a 3-D array on disk is H×W×C ('hwc', MATLAB habit) or C×H×W ('chw').
+  `layout=` wins; else the file's metadata (written by the savers, OME-TIFF axes);
+  else the band axis is the first or last one when it is at most half of both
+  spatial sizes (256×256×28 -> hwc, 31×150×150 -> chw); anything else raises
+  DataFileError asking for `layout=`.
+- Values: integer data are divided by `max_value` (default 2**bit_depth − 1 when
+  the file stores `bit_depth`, else the dtype's maximum: 255 for uint8, 65535 for
+  uint16); a mask holding only 0/1 integers (MATLAB logical) is kept as is; float
+  data are only cast unless `max_value` is given. Results must be finite and
+  non-negative (`clip_negative=True` clamps negatives to 0 instead of raising).
+- Savers write the data in their dtype, in layout 'hwc' for .mat and 'chw' elsewhere
+  (OME-TIFF only 'chw'), refuse to overwrite unless `overwrite=True`, and store
+  wavelengths and geometry (`bands`, `step` or `offsets`, `axis`) with the data.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from cassi.io.formats import DataFileError, read_array, write_array
+
+CUBE_KEYS = ("cube", "img", "img_expand", "data_slice", "Omsi", "HSI", "truth", "data", "rad", "gt")
+MASK_KEYS = ("mask", "mask3d", "mask_3d", "mask_3d_shift", "Phi")
+MEAS_KEYS = ("meas", "meas_real", "measurement", "meas_sim", "y")
+_LOAD_ONLY = ("source", "key", "layout")  # meta entries describing a loaded file, not stored back
+
+PathLike = str | os.PathLike
+
+
+@dataclass
+class Cube:
+    """A spectral cube: `data` (C,H,W) float, optional `wavelengths` (nm, C of them), `meta` (geometry, source)."""
+    data: torch.Tensor
+    wavelengths: list[float] | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.data.ndim != 3:
+            raise ValueError(f"Cube.data must be (C,H,W), got shape {tuple(self.data.shape)}")
+        if self.wavelengths is not None:
+            self.wavelengths = [float(w) for w in self.wavelengths]
+            if len(self.wavelengths) != self.data.shape[0]:
+                raise ValueError(f"{len(self.wavelengths)} wavelengths for {self.data.shape[0]} bands")
+
+
+@dataclass
+class Measurement:
+    """A snapshot measurement: `data` (1,H,W') float, `meta` (geometry when stored, source)."""
+    data: torch.Tensor
+    meta: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _layout(shape: tuple, layout: str | None, meta: dict, path: PathLike) -> str:
+    """'hwc' or 'chw' for a 3-D array of `shape` (see the module docstring)."""
+    layout = layout if layout is not None else meta.get("layout")
+    if layout is None:
+        hwc, chw = 2 * shape[2] <= min(shape[:2]), 2 * shape[0] <= min(shape[1:])
+        if hwc == chw:
+            raise DataFileError(path, f"cannot tell the band axis of an array of shape {tuple(shape)}: "
+                                      "pass layout='hwc' (H,W,C) or layout='chw' (C,H,W)")
+        layout = "hwc" if hwc else "chw"
+    if layout not in ("hwc", "chw"):
+        raise ValueError(f"{path}: layout must be 'hwc' or 'chw', got {layout!r}")
+    return layout
+
+
+def _squeeze(array: np.ndarray, ndims: tuple[int, ...], what: str, name: str, path: PathLike) -> np.ndarray:
+    """Drop leading singleton dims (then trailing ones) until array.ndim is in `ndims`, else DataFileError."""
+    while array.ndim > max(ndims) and array.shape[0] == 1:
+        array = array[0]
+    while array.ndim > max(ndims) and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in ndims:
+        raise DataFileError(path, f"expected a {what}, got a {array.ndim}-D array {name!r} "
+                                  f"of shape {tuple(array.shape)}")
+    return array
+
+
+def _to_tensor(array: np.ndarray, meta: dict, max_value: float | None, dtype: torch.dtype,
+               path: PathLike, what: str, clip_negative: bool = False) -> torch.Tensor:
+    """Copy to a C-contiguous float tensor, scale integers, check finite and non-negative (or clip)."""
+    kind = array.dtype.kind
+    if max_value is None and kind in "iu":
+        bits = meta.get("bit_depth")
+        max_value = float(2 ** int(bits) - 1) if bits else float(np.iinfo(array.dtype).max)
+    work = np.float64 if dtype == torch.float64 else np.float32
+    out = np.array(array, dtype=work, order="C")
+    if max_value is not None and max_value != 1:
+        out /= work(max_value)
+    t = torch.from_numpy(out)
+    bad = (~torch.isfinite(t)).sum().item()
+    if bad:
+        raise DataFileError(path, f"{what} contains {bad} NaN/Inf values")
+    if clip_negative:
+        t.clamp_(min=0)
+    elif t.numel() and t.min() < 0:
+        raise DataFileError(path, f"{what} contains negative values (min {t.min().item():.4g})")
+    return t.to(dtype)
+
+
+def _save(path: PathLike, data: Any, key: str, meta: dict, layout: str | None, overwrite: bool) -> Path:
+    """Store a (H,W) or (C,H,W) tensor/array, in `layout` for 3-D data; shared by the savers."""
+    data = torch.as_tensor(data).detach().cpu()
+    data = data.float() if data.dtype in (torch.float16, torch.bfloat16) else data  # no half in MATLAB/TIFF readers
+    array = data.numpy()
+    meta = {k: v for k, v in meta.items() if k not in _LOAD_ONLY and v is not None}
+    if array.ndim == 3:
+        layout = layout or ("hwc" if Path(path).suffix.lower() == ".mat" else "chw")
+        if layout not in ("hwc", "chw"):
+            raise ValueError(f"{path}: layout must be 'hwc' or 'chw', got {layout!r}")
+        array = np.ascontiguousarray(array.transpose(1, 2, 0)) if layout == "hwc" else array
+        meta["layout"] = layout
+    return write_array(path, array, key, meta, overwrite)
+
+
+# ----------------------------------------------------------------------------- cubes
+
+def load_cube(path: PathLike, key: str | None = None, layout: str | None = None,
+              dtype: torch.dtype = torch.float32, *, max_value: float | None = None,
+              clip_negative: bool = False) -> Cube:
+    """Load a spectral cube from .mat (v5, v7.3), .tif/.tiff (OME), .npy, .npz or .h5/.hdf5 as (C,H,W).
+
+    `key`: variable/dataset name (found automatically when unambiguous);
+    `layout`: 'hwc'/'chw' override; `max_value`: divisor (default for integer
+    data only); `clip_negative`: clamp negative values to 0 instead of raising.
+    Cube.meta holds the stored geometry plus `source`, `key`, `layout` (on disk), `bands`.
+    """
+    array, name, meta = read_array(path, key, CUBE_KEYS, "cube")
+    array = _squeeze(array, (3,), "3-D cube (H,W,C) or (C,H,W)", name, path)
+    lay = _layout(array.shape, layout, meta, path)
+    chw = array.transpose(2, 0, 1) if lay == "hwc" else array
+    data = _to_tensor(chw, meta, max_value, dtype, path, "cube", clip_negative)
+    bands = data.shape[0]
+    wavelengths = meta.pop("wavelengths", None)
+    if wavelengths is not None:
+        wavelengths = [float(w) for w in np.atleast_1d(wavelengths)]
+        if len(wavelengths) != bands:
+            raise DataFileError(path, f"stored wavelengths have {len(wavelengths)} entries "
+                                      f"but the cube has {bands} bands")
+    if meta.setdefault("bands", bands) != bands:
+        raise DataFileError(path, f"metadata says {meta['bands']} bands but the cube has {bands}")
+    meta.update(source=str(path), key=name, layout=lay)
+    return Cube(data, wavelengths, meta)
+
+
+def save_cube(path: PathLike, cube: Cube | torch.Tensor | np.ndarray, wavelengths: Sequence[float] | None = None,
+              meta: dict | None = None, *, layout: str | None = None, key: str = "cube",
+              overwrite: bool = False) -> Path:
+    """Save a (C,H,W) cube atomically with its wavelengths and metadata; the format follows the extension.
+
+    Defaults: layout 'hwc' (H×W×C) for .mat, 'chw' otherwise; variable/dataset
+    `key='cube'`. Explicit `wavelengths`/`meta` override those of a Cube.
+    Large (>= 2 GiB) arrays in .mat are written as MATLAB v7.3.
+    """
+    if isinstance(cube, Cube):
+        data, wl, stored = cube.data, cube.wavelengths, dict(cube.meta)
+    else:
+        data, wl, stored = torch.as_tensor(cube), None, {}
+    if data.ndim != 3:
+        raise ValueError(f"{path}: save_cube expects a (C,H,W) cube, got shape {tuple(data.shape)}")
+    wl = [float(w) for w in (wavelengths if wavelengths is not None else wl or [])] or None
+    if wl is not None and len(wl) != data.shape[0]:
+        raise ValueError(f"{path}: {len(wl)} wavelengths for {data.shape[0]} bands")
+    stored.update(meta or {})
+    stored.update(bands=int(data.shape[0]), wavelengths=wl)
+    return _save(path, data, key, stored, layout, overwrite)
+
+
+# ----------------------------------------------------------------------------- masks
+
+def load_mask(path: PathLike, key: str | None = None, layout: str | None = None,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Load a coded aperture as (H,W) or (C,H,W); checks finite, non-negative, not all zeros."""
+    array, name, meta = read_array(path, key, MASK_KEYS, "mask")
+    array = _squeeze(array, (2, 3), "2-D mask (H,W) or a 3-D one (H,W,C)/(C,H,W)", name, path)
+    if array.ndim == 3 and _layout(array.shape, layout, meta, path) == "hwc":
+        array = array.transpose(2, 0, 1)
+    binary = array.dtype.kind in "biu" and array.size and array.max() <= 1
+    mask = _to_tensor(array, meta, 1 if binary else None, dtype, path, "mask")
+    if not mask.any():
+        raise DataFileError(path, "mask is all zeros")
+    return mask
+
+
+def save_mask(path: PathLike, mask: torch.Tensor | np.ndarray, meta: dict | None = None, *,
+              layout: str | None = None, key: str = "mask", overwrite: bool = False) -> Path:
+    """Save a (H,W) or (C,H,W) mask atomically (3-D: layout as in save_cube)."""
+    if torch.as_tensor(mask).ndim not in (2, 3):
+        raise ValueError(f"{path}: save_mask expects (H,W) or (C,H,W), got shape {tuple(mask.shape)}")
+    return _save(path, mask, key, dict(meta or {}), layout, overwrite)
+
+
+# ----------------------------------------------------------------------------- measurements
+
+def load_measurement(path: PathLike, key: str | None = None, dtype: torch.dtype = torch.float32,
+                     *, max_value: float | None = None, clip_negative: bool = False) -> Measurement:
+    """Load a snapshot measurement as (1,H,W'); stored geometry (bands, step/offsets, axis) goes to meta.
+
+    `max_value` and `clip_negative` as in load_cube.
+    """
+    array, name, meta = read_array(path, key, MEAS_KEYS, "measurement")
+    array = _squeeze(array, (2,), "2-D measurement (H,W')", name, path)
+    data = _to_tensor(array, meta, max_value, dtype, path, "measurement", clip_negative)[None]
+    meta.update(source=str(path), key=name)
+    return Measurement(data, meta)
+
+
+def save_measurement(path: PathLike, measurement: Measurement | torch.Tensor | np.ndarray,
+                     meta: dict | None = None, *, key: str = "meas", overwrite: bool = False) -> Path:
+    """Save a (1,H,W') (or (H,W'), (1,1,H,W')) measurement atomically as a 2-D (H,W') array with its meta."""
+    if isinstance(measurement, Measurement):
+        data, stored = measurement.data, dict(measurement.meta)
+    else:
+        data, stored = torch.as_tensor(measurement), {}
+    while data.ndim > 2 and data.shape[0] == 1:
+        data = data[0]
+    if data.ndim != 2:
+        raise ValueError(f"{path}: save_measurement expects (1,H,W'), got shape {tuple(data.shape)}")
+    stored.update(meta or {})
+    return _save(path, data, key, stored, None, overwrite)
+
+
+def check_mask_fits(mask_shape: Sequence[int], meas_shape: Sequence[int], dispersion: float | Sequence[float],
+                    axis: str = "w", *, bands: int | None = None, path: PathLike | None = None) -> tuple[int, int]:
+    """Check that a measurement (…,H,W') fits a mask (…,H,W) dispersed by `dispersion`; return (H, W').
+
+    `dispersion`: a step S (offsets c·S for c < bands; bands from a (C,H,W)
+    mask or `bands=`) or per-band offsets d_c. Along axis 'w' the measurement
+    must be H × (W + Δ), along 'h' (H + Δ) × W, with Δ = ceil(max d − min(0, min d)).
+    Raises DataFileError (naming `path`, default 'measurement') on mismatch.
+    """
+    mask_shape, meas_shape = tuple(mask_shape), tuple(meas_shape)
+    if axis not in ("w", "h"):
+        raise ValueError(f"axis must be 'w' or 'h', got {axis!r}")
+    if isinstance(dispersion, (int, float)):
+        bands = bands or (mask_shape[-3] if len(mask_shape) >= 3 else None)
+        if bands is None:
+            raise ValueError("a dispersion step needs the band count: pass bands= or a (C,H,W) mask shape")
+        offsets = [c * float(dispersion) for c in range(bands)]
+    else:
+        offsets = [float(d) for d in dispersion]
+    if len(mask_shape) >= 3 and mask_shape[-3] != len(offsets):
+        raise DataFileError(path or "mask", f"mask has {mask_shape[-3]} bands but {len(offsets)} offsets are given")
+    delta = math.ceil(round(max(offsets) - min(0.0, min(offsets)), 6))
+    h, w = mask_shape[-2:]
+    expected = (h, w + delta) if axis == "w" else (h + delta, w)
+    if tuple(meas_shape[-2:]) != expected:
+        raise DataFileError(path or "measurement",
+                            f"measurement of size {meas_shape[-2]}×{meas_shape[-1]} does not fit a {h}×{w} mask "
+                            f"with {len(offsets)} bands dispersed by {delta} px along {axis!r}: "
+                            f"expected {expected[0]}×{expected[1]}")
+    return expected

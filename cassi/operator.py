@@ -1,0 +1,240 @@
+"""The CASSI shift-sum operator A, its adjoint, Φ = diag(A Aᵀ) and the masked pseudo-inverse.
+
+    A x  = Σ_c shift_{d_c}(M_c ⊙ x_c)            (B, C, H, W) -> (B, 1, H, W+Δ)
+    Aᵀ y = M_c ⊙ shift_{-d_c}(y), every c         (B, 1, H, W+Δ) -> (B, C, H, W)
+    Φ    = A Aᵀ 1 = Σ_c shift_{d_c}(M_c²)          (1 or B, 1, H, W+Δ)
+    A⁺ y = Aᵀ (y ⊘ Φ), 0 where Φ = 0
+
+Fractional offsets d = k + f (0 < f < 1) use pixel-integration (linear)
+interpolation: band c lands with weight 1-f on column j+k and f on j+k+1,
+which is what a detector pixel integrating a sub-pixel-shifted pixel sees.
+The adjoint is the exact transpose of that. A Aᵀ is then no longer diagonal;
+Φ is still A Aᵀ 1, the row sums of A Aᵀ (equal to its diagonal for integer
+offsets). Because A Aᵀ has non-negative entries, diag(Φ) ⪰ A Aᵀ, so
+``pinv`` is the diagonal (Jacobi) approximation of the pseudo-inverse and
+``data_step`` a majorised, always-stable step; both are exact for integer offsets.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from cassi.backends import Backend, Geometry, get_backend
+from cassi.backends.base import empty
+from cassi.backends.loop import LoopBackend
+
+_SNAP = 1e-6  # offsets this close to an integer are taken as that integer
+
+
+def _as_tensor(mask) -> torch.Tensor:
+    if isinstance(mask, np.ndarray):
+        mask = torch.from_numpy(np.ascontiguousarray(mask))
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor or numpy array, got {type(mask).__name__}")
+    if not mask.is_floating_point():
+        mask = mask.to(torch.get_default_dtype())
+    return mask.detach()
+
+
+def _offsets(bands: int | None, step, offsets, ndim_bands: int | None) -> list[float]:
+    """Per-band offsets in pixels, normalised so that the smallest is 0."""
+    if offsets is not None:
+        if step is not None:
+            raise ValueError("give either step= or offsets=, not both")
+        offs = [float(o) for o in (offsets.tolist() if hasattr(offsets, "tolist") else offsets)]
+        if not all(math.isfinite(o) for o in offs):
+            raise ValueError(f"offsets must be finite, got {offs}")
+        for n, source in ((ndim_bands, "the mask has "), (bands, "bands=")):
+            if n is not None and len(offs) != n:
+                raise ValueError(f"offsets has length {len(offs)} but {source}{n}")
+        if not offs:
+            raise ValueError("offsets must not be empty")
+    else:
+        n = ndim_bands if ndim_bands is not None else bands
+        if n is None:
+            raise ValueError("a 2-D mask (H, W) needs bands= (or offsets=) to know the number of bands")
+        step = 2.0 if step is None else step
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) or step <= 0:
+            raise ValueError(f"step must be a finite number > 0 (pixels per band), got {step!r}")
+        offs = [c * float(step) for c in range(n)]
+    lo = min(offs)
+    offs = [o - lo for o in offs]
+    return [float(round(o)) if abs(o - round(o)) < _SNAP else o for o in offs]
+
+
+class _Apply(torch.autograd.Function):
+    """y = A t (or Aᵀ t); the backward of a linear map is its transpose."""
+
+    @staticmethod
+    def forward(ctx, t, op, adjoint):
+        ctx.op, ctx.adjoint = op, adjoint
+        return op._run(t, adjoint, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _Apply.apply(grad, ctx.op, not ctx.adjoint), None, None
+
+
+class CASSI(nn.Module):
+    """Single-disperser CASSI forward model with swappable backends.
+
+    Args:
+        mask: coded aperture, (H, W) [needs ``bands`` or ``offsets``], (C, H, W) per
+            band, or (B, C, H, W) / (B, 1, H, W) one per sample. Tensor or numpy array.
+        bands: number of spectral bands C (implied by a 3-D/4-D mask or ``offsets``).
+        step: dispersion in pixels per band, d_c = c·step (default 2, the TSA/MST geometry);
+            fractional steps are allowed.
+        offsets: per-band dispersion d_c in pixels (any order, fractional allowed),
+            normalised so that min(d) = 0. Exclusive with ``step``.
+        axis: "w" (dispersion along width, default) or "h" (along height).
+        backend: a name from ``cassi.backends.BACKENDS`` or a ``Backend`` instance.
+
+    Shapes: x (B, C, H, W); y (B, 1, H, W+Δ) for axis "w", (B, 1, H+Δ, W) for "h",
+    Δ = ceil(max d). ``op(x)`` = A x, ``op.adjoint(y)`` = Aᵀ y, ``op.pinv(y)`` = Aᵀ(y ⊘ Φ).
+    All maps return fresh tensors or write into ``out=``; they are differentiable.
+    """
+
+    def __init__(self, mask, bands: int | None = None, step: float | None = None,
+                 offsets: Sequence[float] | None = None, axis: str = "w",
+                 backend: str | Backend = "auto"):
+        super().__init__()
+        m = _as_tensor(mask)
+        if bands is not None and (isinstance(bands, bool) or not isinstance(bands, int) or bands < 1):
+            raise ValueError(f"bands must be a positive integer, got {bands!r}")
+        if m.ndim == 2:
+            m, mask_bands = m[None, None], None
+        elif m.ndim == 3:
+            m, mask_bands = m[None], m.shape[0]
+        elif m.ndim == 4:
+            mask_bands = m.shape[1] if m.shape[1] > 1 else None
+        else:
+            raise ValueError(f"mask must be (H, W), (C, H, W) or (B, C, H, W), got shape {tuple(m.shape)}")
+        if mask_bands is not None and bands is not None and bands != mask_bands:
+            raise ValueError(f"bands={bands} does not match the mask's {mask_bands} bands (shape {tuple(m.shape)})")
+        if m.numel() == 0:
+            raise ValueError(f"mask is empty, shape {tuple(m.shape)}")
+        if not torch.isfinite(m).all():
+            raise ValueError("mask contains NaN or Inf values")
+        if not m.any():
+            raise ValueError(f"mask is all zeros (shape {tuple(m.shape)}): nothing reaches the detector")
+        if axis not in ("w", "h"):
+            raise ValueError(f"axis must be 'w' or 'h', got {axis!r}")
+        self.offsets = _offsets(bands, step, offsets, mask_bands)
+        self.bands = len(self.offsets)
+        self.axis = axis
+        self.delta = math.ceil(max(self.offsets))
+        shifts = tuple(math.floor(o) for o in self.offsets)
+        self.geometry = Geometry(
+            shifts=shifts,
+            fracs=tuple(o - k for o, k in zip(self.offsets, shifts)),
+            width=m.shape[-1] if axis == "w" else m.shape[-2],
+            delta=self.delta,
+        )
+        self.backend = get_backend(backend)
+        self.backend.check(self.geometry, None)
+        self._checked: set = set()
+        self.register_buffer("mask", m.contiguous())
+        ref = LoopBackend()  # Φ = A(Aᵀ 1) = A_M(M) once, in float64
+        m64 = self._t(m.double())
+        phi = ref.forward(m64.expand(-1, self.bands, -1, -1), m64, self.geometry)
+        self.register_buffer("phi", self._t(phi).to(m.dtype).contiguous())
+        self.register_buffer("phi_inv", torch.where(self.phi > 0, 1 / self.phi, torch.zeros_like(self.phi)))
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def x_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of a cube."""
+        return (self.bands, *self.mask.shape[-2:])
+
+    @property
+    def y_shape(self) -> tuple[int, int, int]:
+        """(1, H, W+Δ) or (1, H+Δ, W) of a measurement."""
+        H, W = self.mask.shape[-2:]
+        return (1, H, W + self.delta) if self.axis == "w" else (1, H + self.delta, W)
+
+    def _t(self, t: torch.Tensor) -> torch.Tensor:
+        """View with the dispersed axis last."""
+        return t.transpose(-1, -2) if self.axis == "h" else t
+
+    def _check(self, t: torch.Tensor, name: str, shape: tuple[int, ...], out: torch.Tensor | None):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        what = "a cube (B, C, H, W)" if name == "x" else "a measurement (B, 1, H', W')"
+        if t.ndim != 4 or tuple(t.shape[1:]) != shape:
+            raise ValueError(f"{name} must be {what} with (C, H, W)={shape}, got shape {tuple(t.shape)}")
+        if t.dtype != self.mask.dtype or t.device != self.mask.device:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} on {t.device} but the operator has {self.mask.dtype} on "
+                f"{self.mask.device}; use op.to({name}.device, {name}.dtype) or convert {name}"
+            )
+        if self.mask.shape[0] not in (1, t.shape[0]):
+            raise ValueError(f"{name} has batch {t.shape[0]} but the operator has a batch of {self.mask.shape[0]} masks")
+        if out is not None:
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+            if out.dtype != t.dtype or out.device != t.device:
+                raise TypeError(f"out has dtype {out.dtype} on {out.device}, expected {t.dtype} on {t.device}")
+            if torch.is_grad_enabled() and (t.requires_grad or out.requires_grad):
+                raise RuntimeError("out= is not differentiable; call without out= when gradients are needed")
+        key = (t.device, t.dtype)
+        if key not in self._checked:
+            self.backend.check(self.geometry, t.device)
+            self._checked.add(key)
+
+    def _run(self, t, adjoint: bool, out):
+        m = self._t(self.mask)
+        o = None if out is None else self._t(out)
+        if adjoint:
+            r = self.backend.adjoint(self._t(t), m, self.geometry, o)
+        else:
+            r = self.backend.forward(self._t(t), m, self.geometry, o)
+        return out if out is not None else self._t(r)
+
+    def _map(self, t, adjoint: bool, out, name: str, shape_in, shape_out):
+        self._check(t, name, shape_in, out)
+        if out is not None:
+            want = (t.shape[0], *shape_out)
+            if tuple(out.shape) != want:
+                raise ValueError(f"out must have shape {want}, got {tuple(out.shape)}")
+            return self._run(t, adjoint, out)
+        if torch.is_grad_enabled() and t.requires_grad:
+            return _Apply.apply(t, self, adjoint)
+        return self._run(t, adjoint, None)
+
+    # ------------------------------------------------------------------ maps
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """A x: (B, C, H, W) -> (B, 1, H, W+Δ)."""
+        return self._map(x, False, out, "x", self.x_shape, self.y_shape)
+
+    def adjoint(self, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Aᵀ y: (B, 1, H, W+Δ) -> (B, C, H, W)."""
+        return self._map(y, True, out, "y", self.y_shape, self.x_shape)
+
+    def pinv(self, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """A⁺ y = Aᵀ(y ⊘ Φ), 0 where Φ = 0: (B, 1, H, W+Δ) -> (B, C, H, W)."""
+        self._check(y, "y", self.y_shape, out)
+        return self.adjoint(y * self.phi_inv, out=out)
+
+    def data_step(self, z: torch.Tensor, y: torch.Tensor, rho: float = 0.0) -> torch.Tensor:
+        """argmin_x ½‖Ax − y‖² + ρ/2‖x − z‖² = z + Aᵀ((y − A z) ⊘ (Φ + ρ)).
+
+        ρ = 0 is the GAP projection onto {A x = y} (0 where Φ = 0). Exact for integer
+        offsets; a majorised step for fractional ones. (B, C, H, W) -> (B, C, H, W).
+        """
+        r = y - self.forward(z)
+        r = r * self.phi_inv if rho == 0 else r / (self.phi + rho)
+        return z + self.adjoint(r)
+
+    def norm(self) -> float:
+        """‖A‖₂ (largest singular value). Exact for integer offsets: sqrt(max Φ);
+        for fractional offsets sqrt(max Φ) is an upper bound (Φ ⪰ A Aᵀ)."""
+        return float(self.phi.max().sqrt())
+
+    def extra_repr(self) -> str:
+        offs = self.offsets if len(self.offsets) <= 6 else f"[{self.offsets[0]}, {self.offsets[1]}, ..., {self.offsets[-1]}]"
+        return (f"bands={self.bands}, mask={tuple(self.mask.shape)}, offsets={offs}, axis={self.axis!r}, "
+                f"backend={self.backend!r}")

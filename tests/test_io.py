@@ -1,0 +1,433 @@
+"""cassi.io: round trips through every format, the real shared data, MATLAB v7.3,
+error messages naming file and problem, atomic writes, scaling, band resampling."""
+import dataclasses
+import json
+import pickle
+import re
+
+import h5py
+import numpy as np
+import pytest
+import scipy.io
+import tifffile
+import torch
+
+import cassi.io.formats as formats
+from cassi.io import (CAVE_WAVELENGTHS, FORMATS, TSA_WAVELENGTHS, Cube, DataFileError, Measurement,
+                      check_mask_fits, load_cube, load_mask, load_measurement, resample_bands, save_cube,
+                      save_mask, save_measurement)
+
+EXTS = [".mat", ".h5", ".hdf5", ".npy", ".npz", ".tif", ".tiff"]
+GEOMETRIES = [{"step": 2, "axis": "w"}, {"offsets": [0.0, 1.5, 3.25, 5.0], "axis": "h"}]
+
+
+def err(path, problem):
+    """Regex: the message names `path`, then the problem."""
+    return re.escape(str(path)) + ".*" + problem
+
+
+def cube4(seed=0, shape=(4, 12, 20)):
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------- round trips
+
+@pytest.mark.parametrize("ext,layout", [(e, lay) for e in EXTS for lay in ("hwc", "chw")
+                                         if lay == "chw" or not e.startswith(".tif")])  # OME-TIFF: chw only
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_cube_round_trip(tmp_path, ext, layout, geometry):
+    data, wl = cube4(), [450.5, 500.0, 550.25, 600.0]
+    path = tmp_path / f"cube{ext}"
+    save_cube(path, Cube(data, wl, {**geometry, "source": "ignored", "scene": "x"}), layout=layout)
+    cube = load_cube(path)
+    assert cube.data.dtype == torch.float32 and torch.equal(cube.data, data)
+    assert cube.wavelengths == wl
+    assert {k: cube.meta[k] for k in geometry} == geometry
+    assert cube.meta["scene"] == "x" and cube.meta["bands"] == 4
+    assert cube.meta["layout"] == layout and cube.meta["key"] == "cube" and cube.meta["source"] == str(path)
+    # the layout on disk is really the one asked for (files readable by other tools)
+    raw = {".npy": lambda: np.load(path), ".npz": lambda: np.load(path)["cube"],
+           ".mat": lambda: scipy.io.loadmat(path)["cube"], ".tif": lambda: tifffile.imread(path),
+           ".tiff": lambda: tifffile.imread(path)}.get(ext, lambda: h5py.File(path)["cube"][()])()
+    assert raw.shape == ((12, 20, 4) if layout == "hwc" else (4, 12, 20))
+
+
+@pytest.mark.parametrize("ext", EXTS)
+def test_tensor_defaults_and_explicit_key(tmp_path, ext):
+    """A bare tensor with wavelengths= and a custom key; default layout: hwc for .mat, chw elsewhere."""
+    data = cube4(1, (3, 10, 7))
+    path = tmp_path / f"x{ext}"
+    save_cube(path, data, wavelengths=[500, 510, 520], key="scene")
+    cube = load_cube(path, key="scene" if ext in (".mat", ".h5", ".npz") else None)
+    assert torch.equal(cube.data, data) and cube.wavelengths == [500.0, 510.0, 520.0]
+    assert cube.meta["layout"] == ("hwc" if ext == ".mat" else "chw") and cube.meta["key"] == "scene"
+
+
+@pytest.mark.parametrize("ext", EXTS)
+def test_measurement_and_mask_round_trip(tmp_path, ext):
+    meas = torch.rand(1, 16, 22)
+    path = tmp_path / f"meas{ext}"
+    save_measurement(path, Measurement(meas, {"bands": 4, "step": 2, "axis": "w"}))
+    got = load_measurement(path)
+    assert got.data.shape == (1, 16, 22) and torch.equal(got.data, meas)
+    assert {k: got.meta[k] for k in ("bands", "step", "axis")} == {"bands": 4, "step": 2, "axis": "w"}
+    check_mask_fits((16, 16), got.data.shape, got.meta["step"], got.meta["axis"], bands=got.meta["bands"])
+    for mask in (torch.rand(16, 16) + 0.1, torch.rand(4, 16, 16) + 0.1):
+        save_mask(tmp_path / f"m{mask.ndim}{ext}", mask)
+        assert torch.equal(load_mask(tmp_path / f"m{mask.ndim}{ext}"), mask)
+
+
+def test_stored_key_decides_and_plain_metadata(tmp_path):
+    """A file extended by another tool: the stored metadata still name the cube;
+    MATLAB/HDF5 users see wavelengths and layout as plain variables/attributes."""
+    data = cube4(3)
+    save_cube(path := tmp_path / "x.h5", data, [1, 2, 3, 4], key="scene")
+    with h5py.File(path, "a") as f:
+        f["other"] = np.ones((12, 20, 4))
+        assert list(f["scene"].attrs["wavelengths"]) == [1, 2, 3, 4] and f["scene"].attrs["layout"] == "chw"
+    assert torch.equal(load_cube(path).data, data) and load_cube(path, key="other").meta["key"] == "other"
+    assert load_cube(path, key="other").wavelengths is None  # the stored metadata belong to 'scene'
+    save_cube(path := tmp_path / "x.mat", data, [1, 2, 3, 4], {"step": 2})
+    mat = scipy.io.loadmat(path)
+    assert mat["wavelengths"].tolist() == [[1, 2, 3, 4]] and mat["layout"][0] == "hwc" and mat["step"][0, 0] == 2
+
+
+def test_tiff_metadata_for_other_tools(tmp_path):
+    """OME channels carry '453.3 nm' names and EmissionWavelength; axes CYX."""
+    path = tmp_path / "c.ome.tif"
+    save_cube(path, torch.rand(28, 6, 5), TSA_WAVELENGTHS)
+    with tifffile.TiffFile(path) as tif:
+        assert tif.is_ome and tif.series[0].axes == "CYX"
+        channels = tifffile.xml2dict(tif.ome_metadata)["OME"]["Image"]["Pixels"]["Channel"]
+    assert [c["Name"] for c in channels][:2] == ["453.3 nm", "457.6 nm"]
+    assert [c["EmissionWavelength"] for c in channels] == list(TSA_WAVELENGTHS)
+    # a foreign OME-TIFF (no cassi description): wavelengths from the channel names
+    foreign = tmp_path / "foreign.ome.tif"
+    tifffile.imwrite(foreign, np.ones((2, 4, 6), np.float32), ome=True,
+                     metadata={"axes": "CYX", "Channel": {"Name": ["420 nm", "430.5 nm"]}})
+    cube = load_cube(foreign)
+    assert cube.wavelengths == [420.0, 430.5] and cube.data.shape == (2, 4, 6)
+
+
+def test_tiff_refuses_hwc(tmp_path):
+    with pytest.raises(ValueError, match="chw"):
+        save_cube(tmp_path / "c.tif", cube4(), layout="hwc")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plain_tiff_axes_give_layout(tmp_path):
+    """A plain TIFF: samples (YXS) -> hwc, pages (QYX) -> chw, even for shapes the heuristic finds ambiguous."""
+    x = np.random.default_rng(0).random((9, 9, 9), dtype=np.float32)
+    tifffile.imwrite(tmp_path / "yxs.tif", x, photometric="minisblack", planarconfig="contig")
+    tifffile.imwrite(tmp_path / "pages.tif", x, photometric="minisblack")
+    assert torch.equal(load_cube(tmp_path / "pages.tif").data, torch.from_numpy(x))
+    with tifffile.TiffFile(tmp_path / "yxs.tif") as tif:
+        if tif.series[0].axes != "YXS":
+            pytest.skip(f"tifffile wrote axes {tif.series[0].axes}")
+    assert torch.equal(load_cube(tmp_path / "yxs.tif").data, torch.from_numpy(x).permute(2, 0, 1))
+
+
+# ----------------------------------------------------------------------------- MATLAB v7.3
+
+def write_matlab_v73(path, variables):
+    """Write a .mat v7.3 the way MATLAB does: 512-byte header, HDF5, arrays in column-major
+    order (the HDF5 dataset holds the transpose), MATLAB_class attributes, chars as uint16."""
+    with h5py.File(path, "w", userblock_size=512) as f:
+        for name, value in variables.items():
+            if isinstance(value, str):
+                ds = f.create_dataset(name, data=np.array([[ord(c) for c in value]], np.uint16).T)
+                ds.attrs["MATLAB_class"], ds.attrs["MATLAB_int_decode"] = np.bytes_(b"char"), np.int32(2)
+            else:
+                ds = f.create_dataset(name, data=np.atleast_2d(value).T)
+                ds.attrs["MATLAB_class"] = np.bytes_({"f8": "double", "f4": "single"}[value.dtype.str[1:]])
+        f.create_group("#refs#")
+    with open(path, "r+b") as fh:
+        fh.write(b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Mon Jan  1 00:00:00 2024 "
+                 b"HDF5 schema 1.00 .".ljust(116) + b"\0" * 8 + b"\x00\x02IM")
+
+
+def test_mat_v73_from_matlab(tmp_path):
+    rng = np.random.default_rng(0)
+    img = rng.random((12, 20, 5))  # MATLAB H×W×C, H != W so a transposition error shows
+    path = tmp_path / "v73.mat"
+    write_matlab_v73(path, {"img": img, "wavelengths": np.linspace(450, 650, 5), "layout": "hwc"})
+    with pytest.raises(NotImplementedError):  # it really is v7.3, scipy cannot read it
+        scipy.io.loadmat(path)
+    cube = load_cube(path)
+    assert cube.data.shape == (5, 12, 20) and cube.meta["key"] == "img" and cube.meta["layout"] == "hwc"
+    assert torch.equal(cube.data, torch.from_numpy(img.transpose(2, 0, 1)).float())
+    assert cube.wavelengths == pytest.approx(np.linspace(450, 650, 5).tolist())
+    write_matlab_v73(tmp_path / "meas.mat", {"meas_real": rng.random((12, 26)).astype(np.float32)})
+    assert load_measurement(tmp_path / "meas.mat").data.shape == (1, 12, 26)
+
+
+def test_mat_v73_writer_for_large_arrays(tmp_path, monkeypatch):
+    monkeypatch.setattr(formats, "MAT_V5_LIMIT", 0)  # pretend the cube is >= 2 GiB
+    data, path = cube4(2), tmp_path / "big.mat"
+    save_cube(path, data, TSA_WAVELENGTHS[:4], {"step": 2, "axis": "w"})
+    assert open(path, "rb").read(10) == b"MATLAB 7.3" and h5py.is_hdf5(path)
+    assert h5py.File(path)["cube"].shape == (4, 20, 12)  # MATLAB H×W×C stored transposed
+    cube = load_cube(path)
+    assert torch.equal(cube.data, data) and cube.wavelengths == list(TSA_WAVELENGTHS[:4])
+    assert cube.meta["step"] == 2 and cube.meta["layout"] == "hwc"
+    mask = torch.rand(12, 20) > 0.5  # bool -> MATLAB logical
+    save_mask(tmp_path / "mask.mat", mask)
+    assert torch.equal(load_mask(tmp_path / "mask.mat"), mask.float())
+    save_measurement(tmp_path / "meas.mat", data[:1, :, :], {"step": 2})
+    meas = load_measurement(tmp_path / "meas.mat")
+    assert torch.equal(meas.data, data[:1]) and meas.meta["step"] == 2
+
+
+# ----------------------------------------------------------------------------- shared real data
+
+def test_shared_masks(shared_data):
+    for name, size in [("tsa_simu_mask_256.mat", 256), ("tsa_real_mask_660.mat", 660)]:
+        mask = load_mask(shared_data / "masks" / name)
+        assert mask.shape == (size, size) and mask.dtype == torch.float32
+        assert 0 < mask.min() and mask.max() == 1
+
+
+def test_shared_real_measurements(shared_data):
+    mask = load_mask(shared_data / "masks" / "tsa_real_mask_660.mat")
+    for i in range(1, 6):
+        path = shared_data / "real" / f"tsa_real_scene{i}.mat"
+        meas = load_measurement(path)
+        assert meas.data.shape == (1, 660, 714) and meas.meta["key"] == "meas_real"
+        assert 0 <= meas.data.min() and meas.data.max() <= 1 and meas.data.std() > 0
+        assert check_mask_fits(mask.shape, meas.data.shape, 2, "w", bands=28, path=path) == (660, 714)
+        with pytest.raises(DataFileError, match=err(path, "expected 660×716")):
+            check_mask_fits(mask.shape, meas.data.shape, 2, "w", bands=29, path=path)
+
+
+@pytest.mark.parametrize("name,size", [("cave_feathers_150.mat", 150), ("cave_chart_toy_150.mat", 150),
+                                       ("cave_balloons_100.mat", 100)])
+def test_shared_cave(shared_data, name, size):
+    path = shared_data / "cave" / name
+    cube = load_cube(path)
+    assert cube.data.shape == (31, size, size) and cube.data.dtype == torch.float32
+    assert cube.meta["key"] == "Omsi" and cube.meta["layout"] == "hwc" and cube.meta["bands"] == 31
+    assert cube.wavelengths is None
+    raw = scipy.io.loadmat(path)["Omsi"]
+    assert torch.equal(cube.data[7], torch.from_numpy(raw[:, :, 7]).float())  # band axis really moved
+    assert 0 <= cube.data.min() and 0.3 < cube.data.max() <= 1
+    tsa = resample_bands(cube, CAVE_WAVELENGTHS, TSA_WAVELENGTHS)
+    assert tsa.data.shape == (28, size, size) and tsa.wavelengths == list(TSA_WAVELENGTHS)
+
+
+# ----------------------------------------------------------------------------- errors
+
+def test_missing_and_unknown(tmp_path):
+    with pytest.raises(DataFileError, match=err(tmp_path / "nope.mat", "file not found")):
+        load_cube(tmp_path / "nope.mat")
+    (tmp_path / "cube.xyz").write_bytes(b"0")
+    with pytest.raises(DataFileError, match=err(tmp_path / "cube.xyz", "unknown file extension '.xyz'")):
+        load_cube(tmp_path / "cube.xyz")
+    with pytest.raises(DataFileError, match=err(tmp_path / "out.png", "unknown file extension")):
+        save_cube(tmp_path / "out.png", cube4())
+
+
+@pytest.mark.parametrize("ext", EXTS)
+def test_truncated_and_corrupt(tmp_path, ext):
+    good = tmp_path / f"good{ext}"
+    save_cube(good, torch.rand(4, 64, 64))
+    blob = good.read_bytes()
+    for name, content in [("truncated", blob[: len(blob) // 2]), ("garbage", b"not a data file " * 64),
+                          ("empty", b"")]:
+        path = tmp_path / f"{name}{ext}"
+        path.write_bytes(content)
+        with pytest.raises(DataFileError, match=err(path, "truncated or corrupt")):
+            load_cube(path)
+
+
+def test_key_selection_and_errors(tmp_path):
+    rng = np.random.default_rng(0)
+    img, mask = rng.random((32, 32, 8)), (rng.random((32, 32)) > 0.5).astype(np.float32)
+    both = tmp_path / "both.mat"
+    scipy.io.savemat(both, {"img": img, "mask": mask, "note": "text", "scale": 3.0})
+    assert load_cube(both).meta["key"] == "img"  # known names decide
+    assert load_mask(both).shape == (32, 32)
+    two = tmp_path / "two.npz"
+    np.savez(two, a=img, b=img)
+    with pytest.raises(DataFileError, match=err(two, r"several candidate arrays \(a, b\).*key=")):
+        load_cube(two)
+    assert torch.equal(load_cube(two, key="b").data, torch.from_numpy(img).permute(2, 0, 1).float())
+    with pytest.raises(DataFileError, match=err(two, "no variable 'c' \\(variables: a, b\\)")):
+        load_cube(two, key="c")
+    none = tmp_path / "none.mat"
+    scipy.io.savemat(none, {"v": np.arange(5.0), "s": "x"})
+    with pytest.raises(DataFileError, match=err(none, "no cube found")):
+        load_cube(none)
+    with pytest.raises(DataFileError, match=err(both, "'note' is not a real numeric array")):
+        load_cube(both, key="note")
+
+
+def test_wrong_ndim(tmp_path):
+    path = tmp_path / "flat.npy"
+    np.save(path, np.ones((30, 40), np.float32))
+    with pytest.raises(DataFileError, match=err(path, r"expected a 3-D cube.*2-D array.*\(30, 40\)")):
+        load_cube(path)
+    np.save(path := tmp_path / "deep.npy", np.ones((2, 3, 30, 40), np.float32))
+    with pytest.raises(DataFileError, match=err(path, r"expected a 2-D measurement.*4-D")):
+        load_measurement(path)
+    with pytest.raises(DataFileError, match=err(path, r"expected a 3-D cube.*4-D array.*\(2, 3, 30, 40\)")):
+        load_cube(path)
+    np.save(path := tmp_path / "batch1.npy", np.ones((1, 3, 30, 40), np.float32))
+    assert load_cube(path).data.shape == (3, 30, 40)  # a leading batch of one is dropped
+
+
+@pytest.mark.parametrize("bad,problem", [(np.nan, "1 NaN/Inf values"), (np.inf, "1 NaN/Inf values"),
+                                         (-0.5, r"negative values \(min -0.5\)")])
+def test_bad_values(tmp_path, bad, problem):
+    x = np.full((4, 32, 32), 0.5, np.float32)
+    x[1, 2, 3] = bad
+    for ext in (".npy", ".h5"):
+        path = tmp_path / f"bad{ext}"
+        save_cube(path, x, overwrite=True)
+        with pytest.raises(DataFileError, match=err(path, "cube contains " + problem)):
+            load_cube(path)
+        with pytest.raises(DataFileError, match=err(path, "mask contains " + problem)):
+            load_mask(path)
+    save_measurement(path := tmp_path / "meas.mat", x[1])
+    with pytest.raises(DataFileError, match=err(path, "measurement contains " + problem)):
+        load_measurement(path)
+    if bad < 0:  # opt-in clamp (e.g. calibrated data with tiny negatives)
+        assert load_cube(tmp_path / "bad.h5", clip_negative=True).data[1, 2, 3] == 0
+        assert load_measurement(path, clip_negative=True).data.min() == 0
+
+
+def test_mask_all_zeros(tmp_path):
+    scipy.io.savemat(path := tmp_path / "zero.mat", {"mask": np.zeros((16, 16))})
+    with pytest.raises(DataFileError, match=err(path, "mask is all zeros")):
+        load_mask(path)
+
+
+def test_ambiguous_layout(tmp_path):
+    x = np.random.default_rng(0).random((20, 20, 20)).astype(np.float32)
+    np.save(path := tmp_path / "cubic.npy", x)  # no sidecar: no metadata
+    with pytest.raises(DataFileError, match=err(path, r"cannot tell the band axis.*\(20, 20, 20\).*layout=")):
+        load_cube(path)
+    np.save(path := tmp_path / "close.npy", x[:, :, :12])  # 12 vs 20: not clearly smaller
+    with pytest.raises(DataFileError, match=err(path, "layout=")):
+        load_cube(path)
+    assert torch.equal(load_cube(tmp_path / "cubic.npy", layout="hwc").data, torch.from_numpy(x).permute(2, 0, 1))
+    assert torch.equal(load_cube(tmp_path / "cubic.npy", layout="chw").data, torch.from_numpy(x))
+    np.save(tmp_path / "hwc.npy", np.zeros((64, 60, 28), np.float32))  # band axis <= half of H and W
+    np.save(tmp_path / "chw.npy", np.zeros((31, 64, 70), np.float32))
+    assert load_cube(tmp_path / "hwc.npy").data.shape == (28, 64, 60)
+    assert load_cube(tmp_path / "chw.npy").data.shape == (31, 64, 70)
+
+
+def test_wavelength_mismatch_in_file(tmp_path):
+    scipy.io.savemat(path := tmp_path / "wl.mat", {"img": np.ones((32, 32, 4)), "wavelengths": [1.0, 2.0, 3.0]})
+    with pytest.raises(DataFileError, match=err(path, "3 entries but the cube has 4 bands")):
+        load_cube(path)
+
+
+def test_error_type():
+    e = DataFileError("/x/y.mat", "broken")
+    assert isinstance(e, ValueError) and str(e) == "/x/y.mat: broken"
+    again = pickle.loads(pickle.dumps(e))
+    assert str(again) == str(e) and again.path == "/x/y.mat"
+    assert str(DataFileError("a whole message")) == "a whole message"  # one-argument form (DataLoader re-raise)
+
+
+# ----------------------------------------------------------------------------- atomic writes
+
+@pytest.mark.parametrize("ext", EXTS)
+def test_failed_write_leaves_nothing(tmp_path, monkeypatch, ext):
+    def failing(path, array, key, meta):
+        path.write_bytes(b"half a file")
+        raise OSError("disk full")
+    monkeypatch.setitem(FORMATS, ext, dataclasses.replace(FORMATS[ext], write=failing))
+    with pytest.raises(OSError, match="disk full"):
+        save_cube(tmp_path / f"out{ext}", cube4())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_silent_overwrite(tmp_path, monkeypatch):
+    path = tmp_path / "c.npy"
+    save_cube(path, cube4(0))
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError, match=re.escape(str(path))):
+        save_cube(path, cube4(1))
+    assert path.read_bytes() == before
+    # a failing overwrite keeps the old file intact, and leaves no temporary
+    monkeypatch.setitem(FORMATS, ".npy", dataclasses.replace(FORMATS[".npy"], write=lambda *a: 1 / 0))
+    with pytest.raises(ZeroDivisionError):
+        save_cube(path, cube4(1), overwrite=True)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy", "c.npy.json"]
+    monkeypatch.undo()
+    save_cube(path, cube4(1), overwrite=True)
+    assert torch.equal(load_cube(path).data, cube4(1))
+    assert json.loads((tmp_path / "c.npy.json").read_text())["layout"] == "chw"
+
+
+# ----------------------------------------------------------------------------- scaling
+
+def test_integer_scaling(tmp_path):
+    x = np.array([0, 1, 4095, 32768, 65535], np.uint16).repeat(256).reshape(5, 16, 16)
+    np.save(path := tmp_path / "u16.npy", x)
+    cube = load_cube(path)
+    assert cube.data.dtype == torch.float32 and cube.data.max() == 1.0 and cube.data.min() == 0
+    assert torch.equal(cube.data, torch.from_numpy(x.astype(np.float32) / np.float32(65535)))
+    assert load_cube(path, max_value=4095).data[2].eq(1).all()
+    with h5py.File(path := tmp_path / "u12.h5", "w") as f:  # 12-bit data in uint16, declared by bit_depth
+        f.create_dataset("cube", data=np.minimum(x, 4095)).attrs["bit_depth"] = 12
+    assert load_cube(path).data[2].eq(1).all()
+    np.save(path := tmp_path / "u8.npy", np.full((3, 8, 8), 51, np.uint8))
+    assert torch.allclose(load_cube(path).data, torch.tensor(0.2))
+    assert load_cube(tmp_path / "u16.npy", dtype=torch.float64).data.dtype == torch.float64
+
+
+def test_binary_integer_mask_kept(tmp_path):
+    mask = np.random.default_rng(0).random((16, 16)) > 0.5
+    scipy.io.savemat(path := tmp_path / "logical.mat", {"mask": mask})  # MATLAB logical -> uint8 0/1
+    assert torch.equal(load_mask(path), torch.from_numpy(mask).float())
+
+
+# ----------------------------------------------------------------------------- resampling
+
+def test_resample_linear_spectrum_cave_to_tsa():
+    lam = torch.tensor(CAVE_WAVELENGTHS, dtype=torch.float64)
+    a, b = torch.rand(1, 5, 6, dtype=torch.float64), torch.rand(1, 5, 6, dtype=torch.float64) / 300
+    x = (a + b * lam[:, None, None]).float()  # each pixel's spectrum is linear in wavelength
+    y = resample_bands(x, CAVE_WAVELENGTHS, TSA_WAVELENGTHS)
+    expected = (a + b * torch.tensor(TSA_WAVELENGTHS, dtype=torch.float64)[:, None, None]).float()
+    assert y.shape == (28, 5, 6) and torch.allclose(y, expected, rtol=0, atol=1e-6)
+    batch = resample_bands(torch.stack([x, 2 * x]), CAVE_WAVELENGTHS, TSA_WAVELENGTHS)
+    assert batch.shape == (2, 28, 5, 6) and torch.allclose(batch[1], 2 * y)
+
+
+def test_resample_shared_wavelengths_exact_and_cube():
+    x = torch.rand(31, 4, 4)
+    dst = [400.0, 455.0, 500.0, 700.0]
+    y = resample_bands(x, CAVE_WAVELENGTHS, dst)
+    assert torch.equal(y[0], x[0]) and torch.equal(y[2], x[10]) and torch.equal(y[3], x[30])
+    assert torch.allclose(y[1], (x[5] + x[6]) / 2)
+    assert torch.equal(resample_bands(x, CAVE_WAVELENGTHS, CAVE_WAVELENGTHS), x)
+    cube = resample_bands(Cube(x, list(CAVE_WAVELENGTHS), {"bands": 31, "offsets": list(range(31))}), None, dst)
+    assert isinstance(cube, Cube) and cube.wavelengths == dst and cube.meta == {"bands": 4}
+    assert torch.equal(cube.data, y)
+
+
+def test_resample_refuses_extrapolation():
+    with pytest.raises(ValueError, match=r"\[710.0\] nm fall outside the source range \[400, 700\]"):
+        resample_bands(torch.rand(31, 2, 2), CAVE_WAVELENGTHS, [450.0, 710.0])
+    with pytest.raises(ValueError, match="C=28"):
+        resample_bands(torch.rand(31, 2, 2), TSA_WAVELENGTHS, [500.0])
+
+
+# ----------------------------------------------------------------------------- geometry
+
+def test_check_mask_fits():
+    assert check_mask_fits((256, 256), (1, 256, 310), 2, "w", bands=28) == (256, 310)
+    assert check_mask_fits((28, 256, 256), (4, 1, 256, 310), 2) == (256, 310)
+    assert check_mask_fits((256, 256), (310, 256), 2, "h", bands=28) == (310, 256)
+    assert check_mask_fits((4, 10, 10), (10, 15), [0.0, 1.5, 3.2, 4.6]) == (10, 15)  # ceil of fractional Δ
+    with pytest.raises(DataFileError, match=err("meas.mat", r"256×300 does not fit a 256×256 mask.*expected 256×310")):
+        check_mask_fits((256, 256), (256, 300), 2, bands=28, path="meas.mat")
+    with pytest.raises(DataFileError, match="mask has 28 bands but 3 offsets"):
+        check_mask_fits((28, 8, 8), (8, 10), [0, 1, 2])
+    with pytest.raises(ValueError, match="bands="):
+        check_mask_fits((256, 256), (256, 310), 2)
