@@ -165,7 +165,7 @@ def test_mat_v73_writer_for_large_arrays(tmp_path, monkeypatch):
     monkeypatch.setattr(formats, "MAT_V5_LIMIT", 0)  # pretend the cube is >= 2 GiB
     data, path = cube4(2), tmp_path / "big.mat"
     save_cube(path, data, TSA_WAVELENGTHS[:4], {"step": 2, "axis": "w"})
-    assert open(path, "rb").read(10) == b"MATLAB 7.3" and h5py.is_hdf5(path)
+    assert path.read_bytes()[:10] == b"MATLAB 7.3" and h5py.is_hdf5(path)
     assert h5py.File(path)["cube"].shape == (4, 20, 12)  # MATLAB H×W×C stored transposed
     cube = load_cube(path)
     assert torch.equal(cube.data, data) and cube.wavelengths == list(TSA_WAVELENGTHS[:4])

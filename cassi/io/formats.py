@@ -96,7 +96,7 @@ def _open_h5(path: Path) -> Iterator[Contents]:
 
 @contextmanager
 def _open_npz(path: Path) -> Iterator[Contents]:
-    with np.load(path, allow_pickle=False) as z:
+    with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as z:
         yield {k: z[k] for k in z.files}, {}, {}
 
 
