@@ -17,7 +17,7 @@ def main(cfg: DictConfig) -> None:
     console = Console()
     torch.manual_seed(cfg.seed)
     x = instantiate(cfg.scene)[None]  # (1, C, H, W)
-    op = instantiate(cfg.operator)
+    op = instantiate(cfg.operator, mask=instantiate(cfg.mask))
     console.print(f"scene {tuple(x.shape)} in [{x.min():.2f}, {x.max():.2f}]; operator {op}")
     t0 = time.perf_counter()
     y = op(x)

@@ -1,0 +1,312 @@
+"""Torch datasets of CASSI samples: synthetic scenes, cube files, real measurements.
+
+Every sample is a dict without the batch dim (``default_collate`` batches it):
+``"x"`` ground truth (C, H, W) float32 (absent for real measurements), ``"y"``
+a measurement (1, H, W+Δ) (real data only: simulated ones are made per batch by
+``cassi.data.simulate.Simulator``), ``"mask"`` (1, H, W) or (C, H, W) (real data
+only), ``"name"`` a str. Datasets hold paths, not arrays: files are read in
+``__getitem__``. Randomness (crops, augmentation, mosaics) is drawn from a
+generator seeded by (seed, epoch, index), so a sample is the same in any worker
+and any process; ``set_epoch`` (called by ``CASSIDataModule``'s sampler) draws
+new crops every epoch.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from cassi import io
+from cassi.data.masks import _size_pair, center_crop
+from cassi.data.synthetic import synthetic_cube
+from cassi.io import DataFileError
+
+log = logging.getLogger("cassi")
+
+__all__ = ["SyntheticCubes", "CubeFiles", "MeasurementFiles", "resolve_paths", "stable_seed"]
+
+#: Band sets that configs may name instead of listing wavelengths.
+BAND_SETS = {"tsa": io.TSA_WAVELENGTHS, "cave": io.CAVE_WAVELENGTHS}
+
+
+def stable_seed(*parts) -> int:
+    """A 63-bit seed from ints/strings, equal in every process (unlike ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 1
+
+
+def resolve_paths(patterns) -> list[Path]:
+    """Sorted, absolute, de-duplicated data files from files, folders and glob patterns.
+
+    A folder means every file in it with an extension ``cassi.io`` reads; a glob
+    keeps only such files too (so ``.npy.json`` sidecars drop out). A plain path
+    that does not exist, or no file at all, raises FileNotFoundError naming the patterns.
+    """
+    pats = [patterns] if isinstance(patterns, (str, os.PathLike)) else list(patterns)
+    found: set[Path] = set()
+    for pat in (os.path.expanduser(str(p)) for p in pats):
+        if glob.has_magic(pat):
+            hits = [Path(h) for h in glob.glob(pat, recursive=True)]
+        elif os.path.isdir(pat):
+            hits = list(Path(pat).iterdir())
+        elif os.path.isfile(pat):
+            found.add(Path(pat).resolve())
+            continue
+        else:
+            raise FileNotFoundError(f"{pat}: no such file or folder")
+        found.update(h.resolve() for h in hits if h.is_file() and h.suffix.lower() in io.FORMATS)
+    if not found:
+        raise FileNotFoundError(f"no data files ({' '.join(sorted(io.FORMATS))}) match {[str(p) for p in pats]}")
+    return sorted(found)
+
+
+def _wavelengths(value) -> list[float] | None:
+    """None, a named band set ('tsa', 'cave') or a sequence of nm, as a list of floats."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.lower() not in BAND_SETS:
+            raise ValueError(f"unknown band set {value!r}: use one of {sorted(BAND_SETS)} or a list of nm")
+        value = BAND_SETS[value.lower()]
+    return [float(v) for v in value]
+
+
+def _optional_size(size) -> tuple[int, int] | None:
+    return None if size is None else _size_pair(size if isinstance(size, int) else tuple(size))
+
+
+class SyntheticCubes(Dataset):
+    """``n`` synthetic scenes (``cassi.data.synthetic.synthetic_cube``), generated lazily.
+
+    Sample i is {"x": (C, H, W) float32, "name": "synthetic_<seed+i>"}, always the
+    same cube (seed ``seed + i``); ``seeds`` is that range, so splits can be
+    checked for overlap. C = ``bands`` or len(``wavelengths``) (a list of nm, 'tsa', 'cave').
+    """
+
+    def __init__(self, n: int, height: int = 256, width: int = 256, bands: int = 28, seed: int = 0,
+                 wavelengths=None):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        self.n, self.height, self.width, self.bands, self.seed = n, height, width, bands, seed
+        self.wavelengths = _wavelengths(wavelengths)
+        self.seeds = range(seed, seed + n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        s = self.seeds[index]
+        x = synthetic_cube(self.height, self.width, self.bands, self.wavelengths, seed=s)
+        return {"x": x, "name": f"synthetic_{s}"}
+
+
+class CubeFiles(Dataset):
+    """Ground-truth cubes from files (any format ``cassi.io.load_cube`` reads), loaded per sample.
+
+    Args:
+        paths: files, folders and/or glob patterns (see :func:`resolve_paths`).
+        key, layout: passed to ``load_cube`` (variable name; 'hwc' / 'chw').
+        wavelengths: target band centres (nm list, 'tsa' or 'cave'): every cube is
+            linearly resampled to them from ``source_wavelengths`` (which wins) or the
+            file's own stored wavelengths, e.g. CAVE 31 bands -> TSA 28.
+        patch_size: int or (h, w): a random crop per sample; None: whole cubes,
+            center-cropped to ``crop_to`` when given.
+        samples_per_epoch: dataset length (default: one sample per file); sample i
+            comes from file i mod n_files.
+        augment: a random rotation by k·90° (k even for non-square patches) and flip.
+        mosaic: probability (True = 1) that a sample is MST's 2×2 splice of four
+            quarter-size crops from four random files (needs ``patch_size``); its
+            name joins the four stems in the order top-left, top-right, bottom-left, bottom-right.
+        cache: False/0: no cache; int k: an LRU cache of k cubes; True: all files.
+        seed: randomness of sample i in epoch e comes from (seed, e, i).
+
+    Memory bound: the dataset holds only paths plus at most ``cache`` cubes per process
+    (0 with cache=False); one ``__getitem__`` holds at most 4 more (a mosaic) and
+    releases them on return: samples are copies, never views of a file's cube.
+    Returns {"x": (C, h, w) float32, "name": file stem}.
+    """
+
+    def __init__(self, paths, key: str | None = None, layout: str | None = None, wavelengths=None,
+                 source_wavelengths=None, patch_size=None, crop_to=None, samples_per_epoch: int | None = None,
+                 augment: bool = False, mosaic: bool | float = False, cache: bool | int = False, seed: int = 0):
+        self.files = resolve_paths(paths)
+        self.key, self.layout, self.seed, self.augment, self.epoch = key, layout, seed, augment, 0
+        self.wavelengths, self.source_wavelengths = _wavelengths(wavelengths), _wavelengths(source_wavelengths)
+        self.patch_size, self.crop_to = _optional_size(patch_size), _optional_size(crop_to)
+        if self.patch_size and self.crop_to:
+            raise ValueError("give patch_size= (random crops) or crop_to= (center crop), not both")
+        self.mosaic = float(mosaic)
+        if not 0 <= self.mosaic <= 1:
+            raise ValueError(f"mosaic must be a bool or a probability in [0, 1], got {mosaic!r}")
+        if self.mosaic and not self.patch_size:
+            raise ValueError("mosaic needs patch_size (the mosaic's size)")
+        self.cache = len(self.files) if cache is True else int(cache or 0)
+        self._cache: OrderedDict[Path, torch.Tensor] = OrderedDict()
+        self.length = len(self.files) if samples_per_epoch is None else int(samples_per_epoch)
+        if self.length < 1:
+            raise ValueError(f"samples_per_epoch must be >= 1, got {samples_per_epoch!r}")
+
+    def __len__(self) -> int:
+        return self.length
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw new crops/augmentations: sample i of epoch e is seeded by (seed, e, i)."""
+        self.epoch = int(epoch)
+
+    def cube(self, i: int) -> torch.Tensor:
+        """(C, H, W) cube of file i: from the LRU cache or loaded, resampled and size-checked."""
+        path = self.files[i]
+        if path in self._cache:
+            self._cache.move_to_end(path)
+            return self._cache[path]
+        cube = io.load_cube(path, key=self.key, layout=self.layout)
+        data = cube.data
+        if self.wavelengths is not None:
+            src = self.source_wavelengths or cube.wavelengths
+            if src is None:
+                raise DataFileError(path, "stores no wavelengths: pass source_wavelengths= to resample it")
+            try:
+                data = io.resample_bands(data, src, self.wavelengths)
+            except ValueError as err:
+                raise DataFileError(path, str(err)) from None
+        need = self.patch_size or self.crop_to
+        if need and (data.shape[-2] < need[0] or data.shape[-1] < need[1]):
+            raise DataFileError(path, f"cube of size {data.shape[-2]}×{data.shape[-1]} is smaller than the "
+                                      f"{'patch_size' if self.patch_size else 'crop_to'} {need[0]}×{need[1]}")
+        if self.cache:
+            self._cache[path] = data
+            if len(self._cache) > self.cache:
+                self._cache.popitem(last=False)
+        return data
+
+    def _patch(self, i: int, size: tuple[int, int] | None, g: torch.Generator) -> torch.Tensor:
+        """A random (C, h, w) window of file i (or the whole / center-cropped cube), augmented."""
+        x = self.cube(i)
+        if size is None:
+            x = center_crop(x, self.crop_to) if self.crop_to else x
+        else:
+            (h, w), (H, W) = size, x.shape[-2:]
+            top, left = (int(torch.randint(n, (), generator=g)) for n in (H - h + 1, W - w + 1))
+            x = x[:, top:top + h, left:left + w]
+        if self.augment:
+            square = x.shape[-1] == x.shape[-2]
+            k = int(torch.randint(4, (), generator=g)) if square else 2 * int(torch.randint(2, (), generator=g))
+            x = torch.rot90(x, k, (-2, -1))  # with one flip: uniform over the 8 (or 4 off-square) symmetries
+            x = x.flip(-1) if int(torch.randint(2, (), generator=g)) else x
+        return x
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} samples")
+        g = torch.Generator().manual_seed(stable_seed(self.seed, self.epoch, index))
+        if self.mosaic and float(torch.rand((), generator=g)) < self.mosaic:
+            (h, w), n = self.patch_size, len(self.files)
+            files = torch.randint(n, (4,), generator=g).tolist()
+            sizes = [(a, b) for a in (h // 2, h - h // 2) for b in (w // 2, w - w // 2)]
+            q = [self._patch(f, s, g) for f, s in zip(files, sizes)]
+            x = torch.cat([torch.cat(q[:2], -1), torch.cat(q[2:], -1)], -2)
+            name = "+".join(self.files[f].stem for f in files)
+        else:
+            f = index % len(self.files)
+            x, name = self._patch(f, self.patch_size, g), self.files[f].stem
+        # a copy, never a view: a view would keep the whole (cached) file cube alive
+        return {"x": x.clone(memory_format=torch.contiguous_format), "name": name}
+
+
+class MeasurementFiles(Dataset):
+    """Real snapshot measurements with their coded aperture, for reconstruction.
+
+    Args:
+        entries: measurement files, folders or globs (see :func:`resolve_paths`), and/or
+            dicts {"y": path, "mask": path (optional), "gt": path (optional), "name": str (optional)}.
+        mask: the mask shared by all entries (path, tensor or array; (H, W) or (C, H, W));
+            an entry's own "mask" wins.
+        gt: optional ground-truth cubes (files/folders/globs) matched to measurements by
+            file stem; every measurement then needs one.
+        key, mask_key, gt_key, gt_layout: variable names / layout for ``cassi.io``.
+        bands, step, offsets, axis: the operator geometry; each (mask, measurement) pair
+            must fit it (``check_mask_fits``: y is H×(W+Δ) along 'w'), else DataFileError
+            naming the measurement file.
+        skip_invalid: read every entry once now and drop the ones that fail (missing,
+            corrupt, wrong size, NaN...), listing them in ``skipped`` as (path, message),
+            so that one bad file in a batch does not stop the others.
+
+    Sample: {"y": (1, H, W+Δ), "mask": (1, H, W) or (C, H, W), "name": stem or entry name,
+    "x": (C, H, W) when ground truth is given}. Files are read per sample; a shared
+    mask is loaded once.
+    """
+
+    def __init__(self, entries, mask=None, gt=None, key: str | None = None, mask_key: str | None = None,
+                 gt_key: str | None = None, gt_layout: str | None = None, bands: int | None = None,
+                 step: float | None = 2, offsets: Sequence[float] | None = None, axis: str = "w",
+                 skip_invalid: bool = False):
+        items = [entries] if isinstance(entries, (str, os.PathLike, Mapping)) else list(entries)
+        dicts = [dict(e) for e in items if isinstance(e, Mapping)]
+        patterns = [e for e in items if not isinstance(e, Mapping)]
+        self.entries = [{"y": Path(d["y"]).resolve(), **{k: d[k] for k in ("mask", "gt", "name") if d.get(k)}}
+                        for d in dicts] + [{"y": p} for p in (resolve_paths(patterns) if patterns else [])]
+        if not self.entries:
+            raise FileNotFoundError(f"no measurements given: {entries!r}")
+        if gt is not None:
+            by_stem = {p.stem: p for p in resolve_paths(gt)}
+            for e in self.entries:
+                if "gt" not in e:
+                    if e["y"].stem not in by_stem:
+                        raise DataFileError(e["y"], f"no ground-truth file with stem {e['y'].stem!r} in {gt!r}")
+                    e["gt"] = by_stem[e["y"].stem]
+        self.key, self.mask_key, self.gt_key, self.gt_layout = key, mask_key, gt_key, gt_layout
+        self.bands, self.axis = bands, axis
+        self.dispersion = list(offsets) if offsets is not None else (2 if step is None else step)
+        self.mask = None if mask is None else self._mask(mask)
+        if bands is None and offsets is None and self.mask is not None and self.mask.shape[0] == 1:
+            raise ValueError("a 2-D mask with a dispersion step needs bands= (or offsets=)")
+        missing = [str(e["y"]) for e in self.entries if self.mask is None and "mask" not in e]
+        if missing:
+            raise ValueError(f"no mask for {missing[:3]}: pass mask= or give each entry a 'mask'")
+        self.skipped: list[tuple[str, str]] = []
+        if skip_invalid:
+            good = []
+            for i, e in enumerate(self.entries):
+                try:
+                    self[i]
+                    good.append(e)
+                except (ValueError, OSError) as err:  # DataFileError is a ValueError
+                    log.warning("skipping %s: %s", e["y"], err)
+                    self.skipped.append((str(e["y"]), str(err)))
+            self.entries = good
+        self.files = [e["y"] for e in self.entries] + [Path(e["gt"]).resolve() for e in self.entries if "gt" in e]
+
+    def _mask(self, mask) -> torch.Tensor:
+        """(1, H, W) or (C, H, W) float32 mask from a path, tensor or array."""
+        if isinstance(mask, (str, os.PathLike)):
+            m = io.load_mask(mask, key=self.mask_key)
+        else:
+            m = torch.as_tensor(mask, dtype=torch.float32)
+        if m.ndim not in (2, 3):
+            raise ValueError(f"mask must be (H, W) or (C, H, W), got shape {tuple(m.shape)}")
+        return m[None] if m.ndim == 2 else m
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int) -> dict:
+        e = self.entries[index]
+        y = io.load_measurement(e["y"], key=self.key).data
+        mask = self._mask(e["mask"]) if "mask" in e else self.mask
+        shape, bands = (mask.shape[-2:], self.bands) if mask.shape[0] == 1 else (mask.shape, None)
+        io.check_mask_fits(shape, y.shape, self.dispersion, self.axis, bands=bands, path=e["y"])
+        out = {"y": y, "mask": mask, "name": e.get("name", e["y"].stem)}
+        if "gt" in e:
+            x = io.load_cube(e["gt"], key=self.gt_key, layout=self.gt_layout).data
+            if x.shape[-2:] != mask.shape[-2:]:
+                raise DataFileError(e["gt"], f"cube of size {x.shape[-2]}×{x.shape[-1]} does not match the "
+                                             f"{mask.shape[-2]}×{mask.shape[-1]} mask")
+            out["x"] = x
+        return out

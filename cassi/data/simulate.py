@@ -1,0 +1,145 @@
+"""Simulated measurements, batch-wise on the batch's device: y = noise(A_M x).
+
+A mask source is a callable ``source(batch, height, width, device, generator) ->
+(B, 1, H, W)`` (or (B, C, H, W) for a per-band mask) giving one mask per sample;
+random sources draw on the generator's device (the global RNG without one), so a
+CPU generator gives the same masks for a CPU or a GPU batch.
+:class:`Simulator` turns a batch {"x": (B, C, H, W), ...} into one with "mask" and
+"y" = noise(A x): (B, 1, H, W+Δ), using one ``cassi.CASSI`` per batch.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+import torch
+
+from cassi import io
+from cassi.data.masks import center_crop, random_crops
+from cassi.data.noise import Compose
+from cassi.operator import CASSI
+
+__all__ = ["FixedMask", "RandomMaskCrops", "BernoulliMasks", "Simulator"]
+
+
+class _FromMask:
+    """A mask source built on one mask: a path (``cassi.io.load_mask``), tensor or array, kept on the CPU."""
+
+    def __init__(self, mask, key: str | None = None):
+        if isinstance(mask, (str, os.PathLike)):
+            mask = io.load_mask(mask, key=key)
+        self.mask = torch.as_tensor(mask, dtype=torch.float32)
+        self._on: dict[torch.device, torch.Tensor] = {}  # copies per device, moved once
+
+    def on(self, device) -> torch.Tensor:
+        device = torch.device(device)
+        if device not in self._on:
+            self._on[device] = self.mask.to(device)
+        return self._on[device]
+
+    def _fits(self, height: int, width: int) -> None:
+        H, W = self.mask.shape[-2:]
+        if height > H or width > W:
+            raise ValueError(f"the mask of size {H}×{W} is smaller than the scene ({height}×{width}); "
+                             f"use a larger mask or smaller scenes")
+
+
+class FixedMask(_FromMask):
+    """The same mask (H, W) or (C, H, W) for every sample, cropped ("center" or "topleft")
+    to the scene size when larger: returns an expanded (B, 1|C, h, w) view."""
+
+    def __init__(self, mask, crop: str = "center", key: str | None = None):
+        super().__init__(mask, key)
+        if crop not in ("center", "topleft"):
+            raise ValueError(f"crop must be 'center' or 'topleft', got {crop!r}")
+        if self.mask.ndim not in (2, 3):
+            raise ValueError(f"FixedMask needs an (H, W) or (C, H, W) mask, got shape {tuple(self.mask.shape)}")
+        self.crop = crop
+
+    def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
+        self._fits(height, width)
+        m = self.on(device or "cpu")
+        m = center_crop(m, (height, width)) if self.crop == "center" else m[..., :height, :width]
+        return m.reshape(1, -1, height, width).expand(batch, -1, -1, -1)
+
+
+class RandomMaskCrops(_FromMask):
+    """Random (h, w) windows of one larger (H, W) mask, one per sample, as in real-data
+    training (e.g. of the 660×660 TSA mask): (B, 1, h, w) via ``masks.random_crops``."""
+
+    def __init__(self, mask, key: str | None = None):
+        super().__init__(mask, key)
+        if self.mask.ndim != 2:
+            raise ValueError(f"RandomMaskCrops needs an (H, W) mask, got shape {tuple(self.mask.shape)}")
+
+    def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
+        self._fits(height, width)
+        return random_crops(self.on(device or "cpu"), (height, width), batch, generator=generator)
+
+
+class BernoulliMasks:
+    """A fresh binary mask per sample, each pixel 1 with probability ``p``: (B, 1, H, W)."""
+
+    def __init__(self, p: float = 0.5):
+        if not 0 < p <= 1:
+            raise ValueError(f"p must be in (0, 1], got {p!r}")
+        self.p = float(p)
+
+    def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
+        where = generator.device if generator is not None else device
+        u = torch.rand((batch, 1, height, width), generator=generator, device=where)
+        return (u < self.p).float().to(device)
+
+
+class Simulator:
+    """Adds "mask" and "y" = noise(A x) to a batch {"x": (B, C, H, W), ...}.
+
+    Args:
+        masks: a mask source (see the module docstring), or a mask / path, taken as ``FixedMask``.
+        bands: expected C (checked against x when given).
+        step, offsets, axis, backend: the ``cassi.CASSI`` geometry (``step`` is ignored
+            when ``offsets`` is given).
+        noise: a callable ``noise(y, generator=None)`` or a list of them (applied in order).
+
+    ``__call__(batch, generator=None)`` returns a new dict; a "mask" already in the batch
+    is used as is. y is computed without gradients on x's device, with one operator for
+    the whole batch; with a generator the masks and the noise are deterministic.
+    """
+
+    def __init__(self, masks, bands: int | None = None, step: float | None = 2,
+                 offsets: Sequence[float] | None = None, axis: str = "w", backend="auto",
+                 noise: Callable | Sequence[Callable] | None = None):
+        self.masks = masks if callable(masks) else FixedMask(masks)
+        self.bands, self.axis, self.backend = bands, axis, backend
+        self.offsets = None if offsets is None else [float(o) for o in offsets]
+        self.step = None if offsets is not None else step
+        self.noise = Compose(noise) if isinstance(noise, Sequence) else noise
+
+    def operator(self, mask: torch.Tensor, bands: int | None = None) -> CASSI:
+        """``cassi.CASSI`` of this geometry for masks (B, 1|C, H, W); an expanded mask
+        (the same for all samples) gives one operator of batch 1 that broadcasts."""
+        if mask.ndim == 4 and mask.shape[0] > 1 and mask.stride(0) == 0:
+            mask = mask[:1]
+        return CASSI(mask, bands=bands or self.bands, step=self.step, offsets=self.offsets,
+                     axis=self.axis, backend=self.backend)
+
+    def __call__(self, batch: dict, generator: torch.Generator | None = None) -> dict:
+        x = batch["x"]
+        if x.ndim != 4:
+            raise ValueError(f"batch['x'] must be (B, C, H, W), got shape {tuple(x.shape)}")
+        B, C, H, W = x.shape
+        if self.bands is not None and C != self.bands:
+            raise ValueError(f"batch['x'] has {C} bands but the simulator expects bands={self.bands}")
+        mask = batch.get("mask")
+        if mask is None:
+            mask = self.masks(B, H, W, x.device, generator)
+        mask = mask.to(x.device, x.dtype)
+        with torch.no_grad():
+            y = self.operator(mask, C)(x)
+            y = y if self.noise is None else self.noise(y, generator=generator)
+        return {**batch, "mask": mask, "y": y}
+
+    def __repr__(self) -> str:
+        geo = f"offsets={self.offsets}" if self.offsets is not None else f"step={self.step}"
+        return (f"Simulator(masks={type(self.masks).__name__}, bands={self.bands}, {geo}, axis={self.axis!r}, "
+                f"backend={self.backend!r}, noise={self.noise!r})")

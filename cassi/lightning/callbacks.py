@@ -1,0 +1,39 @@
+"""Callbacks: write reconstructions to files as they are predicted."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+from cassi.io import save_cube
+
+log = logging.getLogger("cassi")
+
+
+class CubeWriter(BasePredictionWriter):
+    """Saves every predicted cube as ``<output_dir>/<name>.<fmt>`` (atomic, with wavelengths and geometry).
+
+    A sample that fails to save is logged and listed in ``failed``; the others are still written.
+    """
+
+    def __init__(self, output_dir: str, fmt: str = "tif", wavelengths=None, meta: dict | None = None,
+                 overwrite: bool = False):
+        super().__init__(write_interval="batch")
+        self.output_dir, self.fmt = Path(output_dir), fmt.lstrip(".")
+        self.wavelengths, self.meta, self.overwrite = wavelengths, dict(meta or {}), overwrite
+        self.written: list[Path] = []
+        self.failed: list[tuple[str, str]] = []
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx=0):
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        x = prediction["x"].detach().float().cpu()
+        names = prediction.get("name") or [f"scene{batch_idx}_{i}" for i in range(x.shape[0])]
+        for i, name in enumerate(names):
+            path = self.output_dir / f"{name}.{self.fmt}"
+            try:
+                save_cube(path, x[i], wavelengths=self.wavelengths, meta=self.meta, overwrite=self.overwrite)
+                self.written.append(path)
+            except Exception as e:  # one bad sample must not lose the others
+                log.error("could not write %s: %s", path, e)
+                self.failed.append((name, f"{type(e).__name__}: {e}"))

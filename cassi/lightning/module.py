@@ -1,0 +1,122 @@
+"""LightningModule that reconstructs CASSI batches with any reconstructor.
+
+A reconstructor is a callable ``(op, y, gt=None) -> result`` where ``result`` has
+``.x`` (B, C, H, W) and optionally ``.iterations`` — every iterative solver in
+``cassi.solvers`` and every trained model wrapper qualifies. Batches follow the
+data contract of ``cassi.data``: ``{"y": (B,1,H,W'), "mask": (B,1|C,H,W),
+"x": ground truth (optional), "name": [str]}``; one operator is built per batch
+from the per-sample masks with the configured geometry.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+from cassi import CASSI
+from cassi.metrics import all_metrics
+
+METRICS = ("psnr", "psnr_table", "ssim", "sam")
+
+
+class ReconstructionModule(L.LightningModule):
+    """Runs ``reconstructor`` in ``test_step`` (with metrics) and ``predict_step``.
+
+    Args:
+        reconstructor: callable (op, y, gt=None) -> result with ``.x``.
+        operator: callable ``mask -> CASSI`` (a Hydra partial of ``cassi.CASSI``
+            carrying bands/step/offsets/axis/backend).
+    After ``trainer.test``, ``self.rows`` holds one dict per scene (name, metrics,
+    time in s, iterations), gathered from every rank.
+    """
+
+    def __init__(self, reconstructor: Callable, operator: Callable[..., CASSI]):
+        super().__init__()
+        self.reconstructor = reconstructor
+        self.operator = operator
+        self.rows: list[dict] = []
+
+    def reconstruct(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """(B, C, H, W) reconstruction of ``batch["y"]`` and per-batch stats."""
+        mask = batch["mask"]
+        if mask.shape[0] > 1 and mask.stride(0) == 0:  # one shared mask expanded over the batch
+            mask = mask[:1]
+        op = self.operator(mask=mask).to(batch["y"].device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            result = self.reconstructor(op, batch["y"], gt=batch.get("x"))
+        x = getattr(result, "x", result)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        return x, {"time": seconds / x.shape[0], "iterations": getattr(result, "iterations", None)}
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        if "x" not in batch:
+            raise ValueError("test needs ground truth: the batch has no 'x' (use predict for real measurements)")
+        x, stats = self.reconstruct(batch)
+        scores = all_metrics(x, batch["x"])
+        names = batch.get("name") or [f"scene{batch_idx}_{i}" for i in range(x.shape[0])]
+        for i, name in enumerate(names):
+            self.rows.append({"name": name, **{k: float(v[i]) for k, v in scores.items()}, **stats})
+        for k, v in scores.items():
+            self.log(f"test/{k}", v.mean(), batch_size=x.shape[0], sync_dist=True, prog_bar=k in ("psnr", "ssim"))
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        x, stats = self.reconstruct(batch)
+        out = {"x": x, "name": batch.get("name"), **stats}
+        if "x" in batch:
+            out["metrics"] = all_metrics(x, batch["x"])
+        return out
+
+    def on_test_epoch_start(self) -> None:
+        self.rows = []
+
+    def on_test_epoch_end(self) -> None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, self.rows)
+            self.rows = [r for rows in gathered for r in rows]
+        self.rows.sort(key=lambda r: r["name"])
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Mean of every numeric column over scenes."""
+    keys = [k for k in rows[0] if k != "name" and rows[0][k] is not None] if rows else []
+    return {k: sum(r[k] for r in rows) / len(rows) for k in keys}
+
+
+def write_table(rows: list[dict], path_stem, title: str = "") -> list:
+    """Per-scene table plus mean as Markdown, CSV and JSON (each written atomically). Returns the paths."""
+    import csv
+    import io
+    import json
+    import os
+    from pathlib import Path
+
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    mean = {"name": "mean", **summarize(rows)}
+    cols = list(rows[0]) if rows else ["name"]
+    fmt = lambda v: "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
+    md = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in [*rows, mean]]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=cols)
+    writer.writeheader()
+    writer.writerows([*rows, mean])
+    outputs = {".md": "\n".join(md) + "\n", ".csv": buf.getvalue(),
+               ".json": json.dumps({"scenes": rows, "mean": mean}, indent=1)}
+    paths = []
+    for ext, text in outputs.items():
+        path = stem.with_suffix(ext)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths

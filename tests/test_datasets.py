@@ -1,0 +1,230 @@
+"""Datasets: synthetic scenes, cube files (crops, augmentation, mosaics, resampling, memory), real measurements."""
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import cassi.io as io
+from cassi.data import CubeFiles, MeasurementFiles, SyntheticCubes, resolve_paths, synthetic_cube
+from cassi.io import DataFileError
+
+C, H, W = 4, 16, 16
+
+
+def write_cubes(folder, n, size=(H, W), ext="npy"):
+    """n (C, h, w) cubes with distinct values (file i holds i * 1e4 + 0, 1, 2, ...)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        cube = (i * 10_000 + np.arange(C * size[0] * size[1])).reshape(C, *size).astype(np.float32)
+        paths.append(io.save_cube(folder / f"c{i:02d}.{ext}", cube, layout="chw"))
+    return paths
+
+
+def file_cube(path):
+    return io.load_cube(path).data
+
+
+def find_window(cube, patch):
+    """(top, left) where patch == cube[:, top:top+h, left:left+w], else None."""
+    h, w = patch.shape[-2:]
+    for top in range(cube.shape[-2] - h + 1):
+        for left in range(cube.shape[-1] - w + 1):
+            if torch.equal(cube[:, top:top + h, left:left + w], patch):
+                return top, left
+    return None
+
+
+def dihedral(x):
+    """The 8 rotations/flips of (C, h, w)."""
+    rots = [torch.rot90(x, k, (-2, -1)) for k in range(4)]
+    return rots + [r.flip(-1) for r in rots]
+
+
+# ----------------------------------------------------------------------------- SyntheticCubes
+
+def test_synthetic_cubes_shapes_and_determinism():
+    ds = SyntheticCubes(3, height=12, width=20, bands=5, seed=7)
+    assert len(ds) == 3 and ds.seeds == range(7, 10)
+    s = ds[1]
+    assert s["x"].shape == (5, 12, 20) and s["x"].dtype == torch.float32 and s["name"] == "synthetic_8"
+    assert torch.equal(s["x"], synthetic_cube(12, 20, 5, seed=8))
+    assert torch.equal(SyntheticCubes(3, 12, 20, 5, seed=7)[1]["x"], s["x"])
+    assert not torch.equal(ds[0]["x"], s["x"])
+    assert SyntheticCubes(1, 8, 8, wavelengths="tsa")[0]["x"].shape == (28, 8, 8)
+
+
+# ----------------------------------------------------------------------------- paths
+
+def test_resolve_paths_folders_globs_and_errors(tmp_path, monkeypatch):
+    paths = write_cubes(tmp_path / "a", 3)
+    (tmp_path / "a" / "notes.txt").write_text("not data")
+    assert any(p.suffix == ".json" for p in (tmp_path / "a").iterdir())  # .npy sidecars exist ...
+    assert resolve_paths(tmp_path / "a") == sorted(p.resolve() for p in paths)  # ... but are skipped
+    assert resolve_paths([str(tmp_path / "a" / "c0*"), paths[2], str(tmp_path / "a")]) == sorted(paths)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_paths("a/c01.npy") == [paths[1].resolve()]  # absolute, so splits compare
+    with pytest.raises(FileNotFoundError, match="nothing_here"):
+        CubeFiles(str(tmp_path / "nothing_here*.mat"))
+    with pytest.raises(FileNotFoundError, match="missing.mat"):
+        CubeFiles([paths[0], tmp_path / "missing.mat"])
+
+
+# ----------------------------------------------------------------------------- CubeFiles
+
+def test_cube_files_whole_cubes_and_center_crop(tmp_path):
+    paths = write_cubes(tmp_path, 2)
+    ds = CubeFiles(tmp_path)
+    assert len(ds) == 2 and [ds[i]["name"] for i in range(2)] == ["c00", "c01"]
+    assert torch.equal(ds[1]["x"], file_cube(paths[1]))
+    x = CubeFiles(tmp_path, crop_to=(6, 10))[0]["x"]
+    assert torch.equal(x, file_cube(paths[0])[:, 5:11, 3:13])
+
+
+def test_cube_files_random_crops_are_sub_arrays_and_deterministic(tmp_path):
+    paths = write_cubes(tmp_path, 3)
+    ds = CubeFiles(tmp_path, patch_size=(6, 8), samples_per_epoch=12, seed=3)
+    assert len(ds) == 12
+    corners = set()
+    for i in range(12):
+        s = ds[i]
+        assert s["x"].shape == (C, 6, 8) and s["name"] == paths[i % 3].stem
+        corner = find_window(file_cube(paths[i % 3]), s["x"])
+        assert corner is not None
+        corners.add(corner)
+    assert len(corners) > 3  # crops move around
+    again = CubeFiles(tmp_path, patch_size=(6, 8), samples_per_epoch=12, seed=3)
+    assert all(torch.equal(ds[i]["x"], again[i]["x"]) for i in range(12))
+    other = CubeFiles(tmp_path, patch_size=(6, 8), samples_per_epoch=12, seed=4)
+    assert any(not torch.equal(ds[i]["x"], other[i]["x"]) for i in range(12))
+    first = [ds[i]["x"] for i in range(12)]
+    ds.set_epoch(1)
+    assert any(not torch.equal(first[i], ds[i]["x"]) for i in range(12))  # new crops every epoch
+
+
+def test_cube_files_augmentation_is_a_rotation_or_flip(tmp_path):
+    paths = write_cubes(tmp_path, 1)
+    cube = file_cube(paths[0])
+    ds = CubeFiles(tmp_path, patch_size=W, samples_per_epoch=24, augment=True)
+    used = set()
+    for i in range(len(ds)):
+        x = ds[i]["x"]
+        for c in range(C):  # band order untouched, each band's multiset of values preserved
+            assert torch.equal(x[c].flatten().sort().values, cube[c].flatten().sort().values)
+        matches = [k for k, t in enumerate(dihedral(cube)) if torch.equal(t, x)]
+        assert matches
+        used.add(matches[0])
+    assert len(used) == 8
+    rect = CubeFiles(tmp_path, patch_size=(8, 16), samples_per_epoch=8, augment=True)
+    assert all(rect[i]["x"].shape == (C, 8, 16) for i in range(8))  # only 180° turns off-square
+
+
+@pytest.mark.parametrize("size", [8, 9])
+def test_cube_files_mosaic_quadrants_come_from_the_named_files(tmp_path, size):
+    paths = {p.stem: p for p in write_cubes(tmp_path, 4)}
+    ds = CubeFiles(tmp_path, patch_size=size, samples_per_epoch=6, mosaic=True)
+    for i in range(len(ds)):
+        s = ds[i]
+        stems = s["name"].split("+")
+        assert s["x"].shape == (C, size, size) and len(stems) == 4
+        a, b = size // 2, size - size // 2
+        quads = [s["x"][:, :a, :a], s["x"][:, :a, a:], s["x"][:, a:, :a], s["x"][:, a:, a:]]
+        assert [tuple(q.shape[-2:]) for q in quads] == [(a, a), (a, b), (b, a), (b, b)]
+        for stem, q in zip(stems, quads):
+            assert find_window(file_cube(paths[stem]), q) is not None
+    with pytest.raises(ValueError, match="patch_size"):
+        CubeFiles(tmp_path, mosaic=True)
+
+
+def test_cube_smaller_than_patch_names_the_file(tmp_path):
+    write_cubes(tmp_path, 1)
+    small = io.save_cube(tmp_path / "tiny.npy", np.ones((C, 6, 6), np.float32), layout="chw")
+    ds = CubeFiles(tmp_path, patch_size=8)
+    ds[0]
+    with pytest.raises(DataFileError, match="tiny.npy.*6×6.*8×8"):
+        ds[1]
+    with pytest.raises(DataFileError, match="tiny.npy.*crop_to"):
+        CubeFiles(small, crop_to=7)[0]
+
+
+@pytest.mark.parametrize("cache", [False, 3])
+def test_cube_files_hold_at_most_cache_cubes(tmp_path, monkeypatch, cache):
+    write_cubes(tmp_path, 30)
+    live, loads = weakref.WeakSet(), []
+    real_load = io.load_cube
+
+    def tracked(*args, **kwargs):
+        cube = real_load(*args, **kwargs)
+        live.add(cube.data)
+        loads.append(args[0])
+        return cube
+
+    monkeypatch.setattr(io, "load_cube", tracked)
+    ds = CubeFiles(str(tmp_path / "*.npy"), patch_size=8, samples_per_epoch=60, cache=cache)
+    kept, peak = [], 0
+    gc.collect()
+    for sample in ds:  # the samples (and batches) stay alive, the file cubes must not (freed by refcount)
+        kept.append(sample)
+        peak = max(peak, len(live))
+    for batch in DataLoader(ds, batch_size=4):
+        kept.append(batch)
+        peak = max(peak, len(live))
+    assert len(kept) == 75 and len(loads) >= 60
+    assert peak <= (cache or 0)
+    assert len(ds._cache) <= (cache or 0)
+
+
+def test_cube_files_resample_shared_cave_31_to_tsa_28(shared_data):
+    ds = CubeFiles(shared_data / "cave" / "*.mat", key="Omsi", layout="hwc",
+                   source_wavelengths="cave", wavelengths="tsa")
+    assert [ds[i]["name"] for i in range(3)] == ["cave_balloons_100", "cave_chart_toy_150", "cave_feathers_150"]
+    raw = io.load_cube(shared_data / "cave" / "cave_balloons_100.mat", key="Omsi", layout="hwc").data
+    x = ds[0]["x"]
+    assert raw.shape == (31, 100, 100) and x.shape == (28, 100, 100)
+    # 453.3 nm lies 0.33 of the way from 450 nm (band 5) to 460 nm (band 6); 648.1 nm from 640 (24) to 650 (25)
+    assert torch.allclose(x[0], 0.67 * raw[5] + 0.33 * raw[6], atol=1e-6)
+    assert torch.allclose(x[27], 0.19 * raw[24] + 0.81 * raw[25], atol=1e-6)
+    assert ds[2]["x"].shape == (28, 150, 150)
+    with pytest.raises(DataFileError, match="cave_balloons_100.mat.*source_wavelengths"):
+        CubeFiles(shared_data / "cave", key="Omsi", layout="hwc", wavelengths="tsa")[0]
+
+
+# ----------------------------------------------------------------------------- MeasurementFiles
+
+def test_measurement_files_read_the_real_shared_data(shared_data):
+    ds = MeasurementFiles(str(shared_data / "real" / "tsa_real_scene*.mat"),
+                          mask=shared_data / "masks" / "tsa_real_mask_660.mat", bands=28, step=2)
+    assert len(ds) == 5
+    mask = io.load_mask(shared_data / "masks" / "tsa_real_mask_660.mat")
+    for i in range(5):
+        s = ds[i]
+        assert s["name"] == f"tsa_real_scene{i + 1}" and "x" not in s
+        assert s["y"].shape == (1, 660, 714) and s["mask"].shape == (1, 660, 660)
+    assert torch.equal(s["mask"][0], mask)
+    wrong = MeasurementFiles(shared_data / "real", mask=shared_data / "masks" / "tsa_simu_mask_256.mat", bands=28)
+    with pytest.raises(DataFileError, match="tsa_real_scene1.mat.*256"):
+        wrong[0]
+    with pytest.raises(DataFileError, match="tsa_real_scene2.mat"):
+        MeasurementFiles(shared_data / "real", mask=mask, bands=28, step=1)[1]
+
+
+def test_measurement_files_entries_masks_and_ground_truth(tmp_path):
+    mask = torch.rand(8, 8) + 0.1
+    for name in ("a", "b"):
+        io.save_measurement(tmp_path / "meas" / f"{name}.npy", torch.rand(1, 8, 8 + 6))
+        io.save_cube(tmp_path / "gt" / f"{name}.npy", torch.rand(4, 8, 8), layout="chw")
+    ds = MeasurementFiles(tmp_path / "meas", mask=mask, gt=tmp_path / "gt", bands=4, step=2)
+    s = ds[1]
+    assert s["name"] == "b" and s["x"].shape == (4, 8, 8) and torch.equal(s["mask"][0], mask)
+    assert torch.equal(s["x"], io.load_cube(tmp_path / "gt" / "b.npy").data)
+    io.save_mask(tmp_path / "m3.npy", torch.rand(4, 8, 8) + 0.1)
+    one = MeasurementFiles([{"y": tmp_path / "meas" / "a.npy", "mask": tmp_path / "m3.npy", "name": "A"}], step=2)
+    assert one[0]["mask"].shape == (4, 8, 8) and one[0]["name"] == "A"
+    io.save_measurement(tmp_path / "meas" / "c.npy", torch.rand(1, 8, 14))
+    with pytest.raises(DataFileError, match="c.npy.*ground-truth"):
+        MeasurementFiles(tmp_path / "meas", mask=mask, gt=tmp_path / "gt", bands=4)
+    with pytest.raises(ValueError, match="mask"):
+        MeasurementFiles(tmp_path / "meas", bands=4)
