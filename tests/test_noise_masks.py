@@ -201,7 +201,7 @@ def test_noise_repr_and_errors():
         Compose([GaussianNoise(0.1), 3])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_noise_on_gpu_matches_cpu_with_cpu_generator():
     y = torch.rand(2, 1, 16, 20)
     for model in (GaussianNoise(0.1), ShotNoise(100, bit_depth=8)):

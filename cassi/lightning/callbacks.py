@@ -6,7 +6,9 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from cassi.io import save_cube
+from cassi.io import CAVE_WAVELENGTHS, TSA_WAVELENGTHS, save_cube
+
+NAMED_WAVELENGTHS = {"tsa": TSA_WAVELENGTHS, "cave": CAVE_WAVELENGTHS}
 
 log = logging.getLogger("cassi")
 
@@ -14,14 +16,20 @@ log = logging.getLogger("cassi")
 class CubeWriter(BasePredictionWriter):
     """Saves every predicted cube as ``<output_dir>/<name>.<fmt>`` (atomic, with wavelengths and geometry).
 
-    A sample that fails to save is logged and listed in ``failed``; the others are still written.
+    ``wavelengths``: nm per band, or 'tsa' / 'cave' for the standard sets. A sample that fails
+    to save is logged and listed in ``failed``; the others are still written.
     """
 
     def __init__(self, output_dir: str, fmt: str = "tif", wavelengths=None, meta: dict | None = None,
                  overwrite: bool = False):
         super().__init__(write_interval="batch")
         self.output_dir, self.fmt = Path(output_dir), fmt.lstrip(".")
-        self.wavelengths, self.meta, self.overwrite = wavelengths, dict(meta or {}), overwrite
+        wavelengths = NAMED_WAVELENGTHS.get(wavelengths, wavelengths) if isinstance(wavelengths, str) else wavelengths
+        if isinstance(wavelengths, str):
+            raise ValueError(f"wavelengths must be a list of nm or one of {sorted(NAMED_WAVELENGTHS)}, got {wavelengths!r}")
+        self.wavelengths = None if wavelengths is None else [float(w) for w in wavelengths]
+        self.meta = {k: v for k, v in dict(meta or {}).items() if v is not None}
+        self.overwrite = overwrite
         self.written: list[Path] = []
         self.failed: list[tuple[str, str]] = []
 

@@ -5,7 +5,8 @@ A solver is called as ``solver(op, y, x0=None, gt=None, callback=None) -> Result
 ``_init(op, y, x) -> state`` and ``_step(op, y, state, k) -> (x_k, A x_k)``; the loop here
 records, per iteration, the relative residual ‖y − A x_k‖/‖y‖ and (with ``gt``) the PSNR
 10·log10(1/MSE) per sample, and stops after ``iters`` steps, when every sample's residual
-is below ``tol``, or when ``callback(k, x_k, info)`` returns True.
+is below ``tol``, or when ``callback(k, x_k, info)`` returns True (info: the "residual" and
+"psnr" (B,) of x_k; x_k is the solver's buffer: clone it to keep it).
 """
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ def check_number(name: str, value, positive: bool = True, below: float | None = 
     return float(value)
 
 
-def psnr(x: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
-    """10·log10(1/MSE) per sample on [0, 1] data: (B, C, H, W) × 2 -> (B,)."""
-    return -10 * torch.log10((x - gt).square().flatten(1).mean(1))
+def psnr(x: torch.Tensor, gt: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """10·log10(1/MSE) per sample on [0, 1] data: (B, C, H, W) × 2 -> (B,); ``out`` an x-sized scratch."""
+    return -10 * torch.log10(torch.sub(x, gt, out=out).square_().flatten(1).mean(1))
 
 
 def _check_cube(name: str, t, op, batch: int) -> None:
@@ -45,7 +46,8 @@ def _check_cube(name: str, t, op, batch: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if tuple(t.shape) != want:
-        raise ValueError(f"{name} must have shape (B, C, H, W) = {want} to match y and the operator, got {tuple(t.shape)}")
+        raise ValueError(f"{name} must have shape (B, C, H, W) = {want} to match y and the operator, "
+                         f"got {tuple(t.shape)}")
 
 
 def check_inputs(op, y, x0=None, gt=None) -> None:
@@ -109,7 +111,7 @@ class Solver:
             def record(x, ax):
                 hist["residual"].append(torch.linalg.vector_norm((y - ax).flatten(1), dim=1) / ynorm)
                 if gt is not None:
-                    hist["psnr"].append(-10 * torch.log10(torch.sub(x, gt, out=tmp).square_().flatten(1).mean(1)))
+                    hist["psnr"].append(psnr(x, gt, out=tmp))
 
             hist = {"residual": []} | ({"psnr": []} if gt is not None else {})
             record(x, op(x))
@@ -142,17 +144,17 @@ class PseudoInverse(Solver):
 
 
 def schedule(iters: int | None, sigma: float | None, decay: float = 1.0, sigma_min: float = 0.0,
-             stages: Sequence | None = None, name: str = "sigma") -> tuple[int, list[float] | None]:
+             stages: Sequence | None = None, name: str = "sigma", min_name: str = "sigma_min",
+             ) -> tuple[int, list[float] | None]:
     """(iters, per-iteration strengths) of a denoiser schedule.
 
     ``stages`` [(n_1, σ_1), (n_2, σ_2), ...] runs n_i iterations at σ_i (iters = Σ n_i, or must
-    equal it); else σ_k = max(σ·decay^k, sigma_min), or None (call the denoiser without σ) when
-    sigma is None. iters None means 100 (or Σ n_i).
+    equal it; sigma, decay and sigma_min are then unused); else σ_k = max(σ·decay^k, sigma_min),
+    or None (call the denoiser without σ) when sigma is None. iters None means 100 (or Σ n_i).
+    Error messages call σ ``name`` and sigma_min ``min_name``.
     """
     if stages is not None:
-        if sigma is not None and decay != 1.0:
-            raise ValueError(f"give either stages= or {name}= with decay=, not both")
-        if isinstance(stages, (str, bytes)) or len(stages) == 0:
+        if isinstance(stages, (str, bytes)) or not hasattr(stages, "__len__") or len(stages) == 0:
             raise ValueError(f"stages must be a non-empty list of (iters, {name}) pairs, got {stages!r}")
         sig = []
         for i, st in enumerate(stages):
@@ -166,7 +168,7 @@ def schedule(iters: int | None, sigma: float | None, decay: float = 1.0, sigma_m
     iters = 100 if iters is None else check_int("iters", iters)
     if not (check_number("decay", decay) <= 1):
         raise ValueError(f"decay must be a number in (0, 1], got {decay!r}")
-    check_number(f"{name}_min", sigma_min, positive=False)
+    check_number(min_name, sigma_min, positive=False)
     if sigma is None:
         return iters, None
     s0 = check_number(name, sigma)

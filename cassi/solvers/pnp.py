@@ -38,6 +38,11 @@ class _PnP(Solver):
         self.denoiser = denoiser
         self.sigma, self.decay, self.sigma_min, self.stages = sigma, decay, sigma_min, stages
 
+    @property
+    def sigmas(self) -> list[float] | None:
+        """The strength σ_k of every iteration (None: the denoiser is called without one)."""
+        return None if self._sigmas is None else list(self._sigmas)
+
     def _denoise(self, x: torch.Tensor, k: int) -> torch.Tensor:
         v = self.denoiser(x) if self._sigmas is None else self.denoiser(x, self._sigmas[k])
         if not isinstance(v, torch.Tensor) or v.shape != x.shape:
@@ -108,23 +113,35 @@ class ADMM(_PnP):
 
 
 class GAPTV(GAP):
-    """GAP with the TV denoiser (GAP-TV, Yuan 2016): weight schedule tv_weight·decay^k (≥ weight_min)
-    or stages [(n, weight), ...]; tv_iters dual steps per call; spectral_weight > 0: spatial–spectral TV."""
+    """GAP with the TV denoiser (GAP-TV, Yuan 2016): weight schedule w_k = max(tv_weight·decay^k, weight_min)
+    or stages [(n, w), ...]; tv_iters dual steps per call; spectral_weight > 0: spatial–spectral TV.
+    Defaults: 80 iterations (Σ n with stages), tuned on 256×256×28 synthetic scenes."""
 
-    def __init__(self, iters: int | None = 60, tv_weight: float = 0.1, tv_iters: int = 5, decay: float = 0.97,
+    def __init__(self, iters: int | None = None, tv_weight: float = 0.4, tv_iters: int = 5, decay: float = 0.95,
                  weight_min: float = 0.0, stages: Sequence | None = None, spectral_weight: float = 0.0,
                  accelerate: bool = True, step: float = 1.0, tol: float = 0.0):
-        super().__init__(TVDenoiser(tv_weight, tv_iters, spectral_weight, inplace=True), iters, accelerate, step,
-                         None if stages is not None else tv_weight, 1.0 if stages is not None else decay,
-                         weight_min, stages, tol)
+        it, *sched = _tv_schedule(iters, tv_weight, decay, weight_min, stages)
+        super().__init__(TVDenoiser(tv_weight, tv_iters, spectral_weight, inplace=True), it, accelerate, step,
+                         *sched, tol=tol)
 
 
 class ADMMTV(ADMM):
-    """ADMM with the TV denoiser; parameters as in :class:`GAPTV`, plus rho ρ."""
+    """ADMM with the TV denoiser; parameters and defaults as in :class:`GAPTV`, plus rho ρ."""
 
-    def __init__(self, rho: float = 0.1, iters: int | None = 60, tv_weight: float = 0.1, tv_iters: int = 5,
-                 decay: float = 0.97, weight_min: float = 0.0, stages: Sequence | None = None,
+    def __init__(self, rho: float = 0.1, iters: int | None = None, tv_weight: float = 0.4, tv_iters: int = 5,
+                 decay: float = 0.95, weight_min: float = 0.0, stages: Sequence | None = None,
                  spectral_weight: float = 0.0, tol: float = 0.0):
-        super().__init__(TVDenoiser(tv_weight, tv_iters, spectral_weight, inplace=True), rho, iters,
-                         None if stages is not None else tv_weight, 1.0 if stages is not None else decay,
-                         weight_min, stages, tol)
+        it, *sched = _tv_schedule(iters, tv_weight, decay, weight_min, stages)
+        super().__init__(TVDenoiser(tv_weight, tv_iters, spectral_weight, inplace=True), rho, it, *sched, tol=tol)
+
+
+def _tv_schedule(iters, tv_weight, decay, weight_min, stages):
+    """(iters, sigma, decay, sigma_min, stages) for _PnP from the TV solvers' arguments (checked
+    here so that errors name them); stages, when given, replace tv_weight and decay."""
+    check_number("tv_weight", tv_weight)
+    iters = _TV_ITERS if iters is None and stages is None else iters
+    schedule(iters, tv_weight, 1.0 if stages is not None else decay, weight_min, stages, "weight", "weight_min")
+    return (iters, None, 1.0, weight_min, stages) if stages is not None else (iters, tv_weight, decay, weight_min, None)
+
+
+_TV_ITERS = 80

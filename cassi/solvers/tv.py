@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from cassi.solvers.base import check_number, check_int
+from cassi.solvers.base import check_int, check_number
 
 __all__ = ["TVDenoiser", "tv_norm"]
 
@@ -46,8 +46,8 @@ class TVDenoiser:
         weight: w > 0, the default strength (a solver's schedule passes its own as ``weight``).
         iters: dual (Chambolle) iterations per call, from p = 0.
         spectral_weight: s ≥ 0; s > 0 adds s·|∂_c u| inside the norm (spatial–spectral TV).
-        inplace: overwrite and return the input (the solvers in ``cassi.solvers`` give the
-            denoiser a scratch tensor, so ``inplace=True`` saves an allocation per call).
+        inplace: overwrite and return the input if contiguous (the solvers in ``cassi.solvers``
+            give the denoiser a scratch tensor, so ``inplace=True`` saves an allocation per call).
 
     Call as ``den(f)`` or ``den(f, weight)``. A workspace for the last block shape is kept
     between calls (2K+1 blocks, K = 2 or 3 gradient components), so a loop allocates nothing.
@@ -68,6 +68,7 @@ class TVDenoiser:
         w = self.weight if weight is None else check_number("weight", weight)
         if not isinstance(f, torch.Tensor) or f.ndim != 4 or not f.is_floating_point():
             raise ValueError(f"f must be a float cube (B, C, H, W), got {getattr(f, 'shape', type(f).__name__)}")
+        f = f.contiguous()
         out = f if self.inplace else torch.empty_like(f)
         s = self.spectral_weight
         # Blocks of independent planes: (1, B·C, H, W) split along planes (s = 0) or samples (s > 0).
@@ -86,15 +87,14 @@ class TVDenoiser:
 
     def _workspace(self, f: torch.Tensor, dim: int):
         """(P, G, d) views of size f.shape (P, G with K leading components), reallocated only
-        for a larger block, another dtype or another device. G's far edges stay 0."""
+        for a larger block, another layout, dtype or device. G's far edges stay 0."""
         k = 3 if self.spectral_weight else 2
-        ws = self._ws
-        if (ws is None or ws[0].shape[0] != k or ws[2].dtype != f.dtype or ws[2].device != f.device
-                or ws[2].ndim != f.ndim or ws[2].shape[:dim] + ws[2].shape[dim + 1:] != f.shape[:dim] + f.shape[dim + 1:]
-                or ws[2].shape[dim] < f.shape[dim]):
-            ws = self._ws = (f.new_empty((k, *f.shape)), f.new_zeros((k, *f.shape)), f.new_empty(f.shape))
+        key = (k, dim, f.dtype, f.device, f.shape[:dim] + f.shape[dim + 1:])
+        if self._ws is None or self._ws[0] != key or self._ws[1][2].shape[dim] < f.shape[dim]:
+            self._ws = key, (f.new_empty((k, *f.shape)), f.new_zeros((k, *f.shape)), f.new_empty(f.shape))
+        P, G, d = self._ws[1]
         n = f.shape[dim]
-        return ws[0].narrow(dim + 1, 0, n), ws[1].narrow(dim + 1, 0, n), ws[2].narrow(dim, 0, n)
+        return P.narrow(dim + 1, 0, n), G.narrow(dim + 1, 0, n), d.narrow(dim, 0, n)
 
     def _block(self, f: torch.Tensor, w: float, out: torch.Tensor, dim: int) -> None:
         """Chambolle's iterations on one block (b, c, H, W); writes f − w·div p to out."""
@@ -105,7 +105,6 @@ class TVDenoiser:
         dz = [_pair(d, a) for a in axes]                           # views made once per block
         g = [G[i].narrow(a, 0, f.shape[a] - 1) for i, a in enumerate(axes)]
         div = _Div(P, d, axes, s)
-        P.zero_()
         for it in range(self.iters):
             if it == 0:
                 torch.mul(f, -tau / w, out=d)                     # τz = τ(div p − f/w), p = 0
@@ -118,7 +117,11 @@ class TVDenoiser:
             n = torch.mul(G[0], G[0], out=d)
             for gi in G[1:]:
                 n.addcmul_(gi, gi)
-            P.add_(G, alpha=tau).div_(n.sqrt_().add_(1.0))        # q ← (q + τ·τg) / (1 + τ|g|)
+            den = n.sqrt_().add_(1.0)
+            if it == 0:
+                torch.div(G, den, out=P).mul_(tau)                # q ← (q + τ·τg) / (1 + τ|g|), q = 0
+            else:
+                P.add_(G, alpha=tau).div_(den)
         torch.add(f, div(), alpha=-w / tau, out=out)
 
 
@@ -129,17 +132,18 @@ def _pair(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _Div:
-    """d = div p = −∇ᵀp with backward differences (the exact adjoint of ∇), views made once."""
+    """d = div p = −∇ᵀp (backward differences, p[−1] = 0: the exact adjoint of ∇); views made once."""
 
     def __init__(self, P: torch.Tensor, d: torch.Tensor, axes: tuple[int, ...], s: float):
-        self.d, self.p0, self.p0_first, self.d0_first = d, P[0], P[0].narrow(-2, 0, 1), d.narrow(-2, 0, 1)
-        self.d0, self.p0_pair = d.narrow(-2, 1, d.shape[-2] - 1), _pair(P[0], -2)
-        self.rest = [(P[i], d.narrow(a, 1, d.shape[a] - 1), _pair(P[i], a)[1], 1.0 if a != 1 else s)
-                     for i, a in enumerate(axes) if i > 0]
+        self.d = d
+        self.row0 = (d.narrow(-2, 0, 1), P[0].narrow(-2, 0, 1))          # d[0] = p_h[0]
+        self.rows = (*_pair(P[0], -2), _pair(d, -2)[0])                   # d[i] = p_h[i] − p_h[i−1]
+        self.rest = [(P[i], _pair(d, a)[0], _pair(P[i], a)[1], s if a == 1 else 1.0)
+                     for i, a in enumerate(axes) if i > 0]                # d += c·(p[j] − p[j−1])
 
     def __call__(self) -> torch.Tensor:
-        self.d0_first.copy_(self.p0_first)
-        torch.sub(*self.p0_pair, out=self.d0)
+        self.row0[0].copy_(self.row0[1])
+        torch.sub(self.rows[0], self.rows[1], out=self.rows[2])
         for p, d_hi, p_lo, c in self.rest:
             self.d.add_(p, alpha=c)
             d_hi.sub_(p_lo, alpha=c)

@@ -40,11 +40,11 @@ class TwIST(Solver):
 
     Args: tv_weight λ > 0; alpha, beta (None: from lam1 via :func:`twist_parameters`);
     lam1 λ_1 in (0, 1]; iters; tv_iters dual steps per Ψ; spectral_weight (spatial–spectral
-    TV); monotone safeguard on/off; tol.
+    TV); monotone safeguard on/off; tol. history["objective"] (K+1, B) holds f(x_k).
     """
 
-    def __init__(self, tv_weight: float = 0.05, alpha: float | None = None, beta: float | None = None,
-                 iters: int = 60, lam1: float = 1e-4, tv_iters: int = 5, spectral_weight: float = 0.0,
+    def __init__(self, tv_weight: float = 0.005, alpha: float | None = None, beta: float | None = None,
+                 iters: int = 100, lam1: float = 1e-4, tv_iters: int = 5, spectral_weight: float = 0.0,
                  monotone: bool = True, tol: float = 0.0):
         super().__init__(iters, tol)
         a, b = twist_parameters(lam1, 1.0)
@@ -60,8 +60,10 @@ class TwIST(Solver):
         return data + self.tv_weight * tv_norm(x, self.denoiser.spectral_weight)
 
     def _init(self, op, y, x):
-        s = SimpleNamespace(x=x, xm1=None, ax=op(x), r=torch.empty_like(y), bufs=[torch.empty_like(x), torch.empty_like(x)])
+        s = SimpleNamespace(x=x, xm1=None, ax=op(x), r=torch.empty_like(y),
+                            bufs=[torch.empty_like(x), torch.empty_like(x)])
         s.f = self._objective(op, y, x, s.ax, s.r)
+        s.fs = [s.f]
         return s
 
     def _step(self, op, y, s, k):
@@ -80,7 +82,7 @@ class TwIST(Solver):
                 axi = op(xi)
                 fxi = self._objective(op, y, xi, axi, s.r)
                 b4 = bad.view(-1, 1, 1, 1)
-                new = torch.where(b4, xi, new, out=new) if new is not xi else new
+                new = torch.where(b4, xi, new, out=new)
                 anew = torch.where(b4, axi, anew)
                 fnew = torch.where(bad, fxi, fnew)
         # rotate buffers: x_{t−1} ← x_t, x_t ← new; the rest is scratch
@@ -88,4 +90,8 @@ class TwIST(Solver):
         spare = [t for t in (s.xm1, xi) if t is not None and t.data_ptr() not in used]
         s.bufs.extend(spare)
         s.xm1, s.x, s.ax, s.f = s.x, new, anew, fnew
+        s.fs.append(fnew)
         return s.x, s.ax
+
+    def _history(self, s, k: int) -> dict:
+        return {"objective": torch.stack(s.fs).cpu()}
