@@ -14,23 +14,22 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markdown import Markdown
 
-from cassi.lightning.module import ReconstructionModule, write_table
+from cassi.lightning.callbacks import ResultsTable
+from cassi.lightning.module import ReconstructionModule
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
-def main(cfg: DictConfig) -> dict:
+def main(cfg: DictConfig) -> None:
     L.seed_everything(cfg.seed, workers=True)
     module = ReconstructionModule(instantiate(cfg.solver), instantiate(cfg.operator, _partial_=True))
-    trainer = instantiate(cfg.trainer)
-    trainer.test(module, datamodule=instantiate(cfg.data))
-    if not trainer.is_global_zero:
-        return {}
     title = f"{cfg.solver._target_.rsplit('.', 1)[-1]} on {cfg.data_name}"
-    paths = write_table(module.rows, Path(cfg.paths.output_dir) / "results", title)
-    console = Console()
-    console.print(Markdown(paths[0].read_text()))
-    console.print(f"wrote {', '.join(str(p) for p in paths)}")
-    return {k: v for k, v in module.rows[0].items()} if len(module.rows) == 1 else {}
+    table = ResultsTable(Path(cfg.paths.output_dir) / "results", title)
+    trainer = instantiate(cfg.trainer, callbacks=[*instantiate(cfg.trainer.callbacks), table])
+    trainer.test(module, datamodule=instantiate(cfg.data))
+    if trainer.is_global_zero:  # with ddp_spawn the table was written by the spawned rank 0
+        stem = Path(cfg.paths.output_dir) / "results"
+        Console().print(Markdown(stem.with_suffix(".md").read_text()))
+        Console().print(f"wrote {stem}.md, .csv and .json")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,11 @@ class AutoBackend(Backend):
         return self._cache[key]
 
     def _fastest(self, x, mask, g):
+        """Time forward+adjoint into preallocated outputs: the kernels' speed, not the allocator's
+        (first touches of fresh memory vary by orders of magnitude with the OS/VM state)."""
         sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+        y = torch.zeros(x.shape[0], 1, *x.shape[2:-1], g.out_width, dtype=x.dtype, device=x.device)
+        xo = torch.zeros_like(x)
         best, best_t = None, float("inf")
         for cand in self._supported(g, x.device):
             times = []
@@ -65,7 +69,7 @@ class AutoBackend(Backend):
                 for _ in range(self.repeats + 1):  # the first run warms up
                     sync()
                     t0 = time.perf_counter()
-                    cand.adjoint(cand.forward(x, mask, g), mask, g)
+                    cand.adjoint(cand.forward(x, mask, g, out=y), mask, g, out=xo)
                     sync()
                     times.append(time.perf_counter() - t0)
             except (RuntimeError, UnsupportedGeometry) as e:  # e.g. a missing compiler

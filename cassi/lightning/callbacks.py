@@ -4,9 +4,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from lightning.pytorch.callbacks import BasePredictionWriter
+import torch.distributed as dist
+from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 
 from cassi.io import CAVE_WAVELENGTHS, TSA_WAVELENGTHS, save_cube
+from cassi.lightning.module import write_table
 
 NAMED_WAVELENGTHS = {"tsa": TSA_WAVELENGTHS, "cave": CAVE_WAVELENGTHS}
 
@@ -45,3 +47,23 @@ class CubeWriter(BasePredictionWriter):
             except Exception as e:  # one bad sample must not lose the others
                 log.error("could not write %s: %s", path, e)
                 self.failed.append((name, f"{type(e).__name__}: {e}"))
+
+
+class ResultsTable(Callback):
+    """After testing, gathers the per-scene rows of every process (DDP), one row per scene name,
+    and writes ``<stem>.md/.csv/.json`` on rank 0 (see ``write_table``); ``rows`` holds them."""
+
+    def __init__(self, stem: str, title: str = ""):
+        self.stem, self.title = Path(stem), title
+        self.rows: list[dict] = []
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        rows = list(pl_module.rows)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, rows)
+            rows = [r for part in gathered for r in part]
+        # DistributedSampler pads uneven splits with repeated scenes: keep one row per name
+        self.rows = sorted({r["name"]: r for r in rows}.values(), key=lambda r: r["name"])
+        if trainer.is_global_zero:
+            self.paths = write_table(self.rows, self.stem, self.title)

@@ -14,7 +14,6 @@ from typing import Callable
 
 import lightning as L
 import torch
-import torch.distributed as dist
 
 from cassi import CASSI
 from cassi.metrics import all_metrics
@@ -29,8 +28,9 @@ class ReconstructionModule(L.LightningModule):
         reconstructor: callable (op, y, gt=None) -> result with ``.x``.
         operator: callable ``mask -> CASSI`` (a Hydra partial of ``cassi.CASSI``
             carrying bands/step/offsets/axis/backend).
-    After ``trainer.test``, ``self.rows`` holds one dict per scene (name, metrics,
-    time in s, iterations), gathered from every rank.
+    After ``trainer.test``, ``self.rows`` holds one dict per scene of this process (name,
+    metrics, time in s, iterations); :class:`cassi.lightning.callbacks.ResultsTable` gathers
+    them over processes and writes the table.
     """
 
     def __init__(self, reconstructor: Callable, operator: Callable[..., CASSI]):
@@ -77,18 +77,19 @@ class ReconstructionModule(L.LightningModule):
     def on_test_epoch_start(self) -> None:
         self.rows = []
 
-    def on_test_epoch_end(self) -> None:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, self.rows)
-            self.rows = [r for rows in gathered for r in rows]
-        self.rows.sort(key=lambda r: r["name"])
+
+def _columns(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(k for r in rows for k in r)) or ["name"]
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Mean of every numeric column over scenes."""
-    keys = [k for k in rows[0] if k != "name" and rows[0][k] is not None] if rows else []
-    return {k: sum(r[k] for r in rows) / len(rows) for k in keys}
+    """Mean of every numeric column over the scenes that have a value (failed scenes have none)."""
+    means = {}
+    for k in _columns(rows):
+        vals = [r[k] for r in rows if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+        if vals and k != "name":
+            means[k] = sum(vals) / len(vals)
+    return means
 
 
 def write_table(rows: list[dict], path_stem, title: str = "") -> list:
@@ -102,12 +103,12 @@ def write_table(rows: list[dict], path_stem, title: str = "") -> list:
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     mean = {"name": "mean", **summarize(rows)}
-    cols = list(rows[0]) if rows else ["name"]
+    cols = _columns(rows)
     fmt = lambda v: "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
     md = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in [*rows, mean]]
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=cols)
+    writer = csv.DictWriter(buf, fieldnames=cols, restval="")
     writer.writeheader()
     writer.writerows([*rows, mean])
     outputs = {".md": "\n".join(md) + "\n", ".csv": buf.getvalue(),
