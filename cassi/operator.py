@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from cassi.backends import Backend, Geometry, get_backend
-from cassi.backends.base import empty
 from cassi.backends.loop import LoopBackend
 
 _SNAP = 1e-6  # offsets this close to an integer are taken as that integer
