@@ -85,44 +85,40 @@ class TVDenoiser:
             self._block(planes.narrow(dim, i, min(per, n - i)), w, dst.narrow(dim, i, min(per, n - i)), dim)
         return out
 
-    def _workspace(self, f: torch.Tensor, dim: int):
-        """(P, G, d) views of size f.shape (P, G with K leading components), reallocated only
-        for a larger block, another layout, dtype or device. G's far edges stay 0."""
+    def _workspace(self, f: torch.Tensor, dim: int) -> _Step:
+        """The buffers and views of one Chambolle step for f's block shape (see ``_Step``),
+        reallocated only for a larger block, another layout, dtype or device; the views are
+        kept per block size (a call has one or two)."""
         k = 3 if self.spectral_weight else 2
         key = (k, dim, f.dtype, f.device, f.shape[:dim] + f.shape[dim + 1:])
         if self._ws is None or self._ws[0] != key or self._ws[1][2].shape[dim] < f.shape[dim]:
-            self._ws = key, (f.new_empty((k, *f.shape)), f.new_zeros((k, *f.shape)), f.new_empty(f.shape))
-        P, G, d = self._ws[1]
+            self._ws = key, (f.new_empty((k, *f.shape)), f.new_zeros((k, *f.shape)), f.new_empty(f.shape)), {}
+        (P, G, d), steps = self._ws[1:]
         n = f.shape[dim]
-        return P.narrow(dim + 1, 0, n), G.narrow(dim + 1, 0, n), d.narrow(dim, 0, n)
+        if n not in steps:
+            steps[n] = _Step(P.narrow(dim + 1, 0, n), G.narrow(dim + 1, 0, n), d.narrow(dim, 0, n),
+                             self.spectral_weight)
+        return steps[n]
 
     def _block(self, f: torch.Tensor, w: float, out: torch.Tensor, dim: int) -> None:
         """Chambolle's iterations on one block (b, c, H, W); writes f − w·div p to out."""
         s = self.spectral_weight
         tau = 1.0 / (4.0 + 2.0 * s * s)
-        P, G, d = self._workspace(f, dim)                         # P holds q = τ·p; d also holds |τg|²
-        axes = (-2, -1, 1)[: P.shape[0]]                           # ∂_h, ∂_w (, ∂_c)
-        dz = [_pair(d, a) for a in axes]                           # views made once per block
-        g = [G[i].narrow(a, 0, f.shape[a] - 1) for i, a in enumerate(axes)]
-        div = _Div(P, d, axes, s)
+        a = -tau / w
+        st = self._workspace(f, dim)
+        P, G, d = st.P, st.G, st.d                                 # P holds q = τ·p; d also holds |G|²
         for it in range(self.iters):
-            if it == 0:
-                torch.mul(f, -tau / w, out=d)                     # τz = τ(div p − f/w), p = 0
-            else:
-                div().add_(f, alpha=-tau / w)
-            for (hi, lo), gi in zip(dz, g):                       # τg = ∇(τz), far edges stay 0
-                torch.sub(hi, lo, out=gi)
-            if s:
-                G[2].mul_(s)
-            n = torch.mul(G[0], G[0], out=d)
-            for gi in G[1:]:
+            # G = τg = ∇(τz), τz = τ(div p − f/w) = div q + a·f; at it = 0 (q = 0): G = ∇f, τg = a·G
+            st.grad(f if it == 0 else st.div(f, a))
+            n = torch.mul(st.G0, st.G0, out=d)
+            for gi in st.G1:
                 n.addcmul_(gi, gi)
-            den = n.sqrt_().add_(1.0)
-            if it == 0:
-                torch.div(G, den, out=P).mul_(tau)                # q ← (q + τ·τg) / (1 + τ|g|), q = 0
-            else:
-                P.add_(G, alpha=tau).div_(den)
-        torch.add(f, div(), alpha=-w / tau, out=out)
+            if it == 0:                                           # q = τ·aG / (1 + |aG|) = G / (1/(τa) − |G|/τ)
+                den = torch.add(st.scalar(1.0 / (tau * a)), st.sqrt_(n), alpha=-1.0 / tau, out=n)
+                torch.div(G, den, out=P)
+            else:                                                 # q ← (q + τ·τg) / (1 + |τg|)
+                P.add_(G, alpha=tau).div_(st.sqrt_(n).add_(st.one))
+        st.div(f, 1.0, -w / tau, out)                             # f − w·div p = f − (w/τ)·div q
 
 
 def _pair(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,20 +127,48 @@ def _pair(t: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
     return t.narrow(axis, 1, m), t.narrow(axis, 0, m)
 
 
-class _Div:
-    """d = div p = −∇ᵀp (backward differences, p[−1] = 0: the exact adjoint of ∇); views made once."""
+class _Step:
+    """Buffers P, G (K, b, c, H, W) and d (b, c, H, W) of one block and their views, made once.
 
-    def __init__(self, P: torch.Tensor, d: torch.Tensor, axes: tuple[int, ...], s: float):
-        self.d = d
-        self.row0 = (d.narrow(-2, 0, 1), P[0].narrow(-2, 0, 1))          # d[0] = p_h[0]
-        self.rows = (*_pair(P[0], -2), _pair(d, -2)[0])                   # d[i] = p_h[i] − p_h[i−1]
-        self.rest = [(P[i], _pair(d, a)[0], _pair(P[i], a)[1], s if a == 1 else 1.0)
-                     for i, a in enumerate(axes) if i > 0]                # d += c·(p[j] − p[j−1])
+    ``grad(x)``: G ← ∇x (forward differences along ∂_h, ∂_w (, s·∂_c), 0 at the far edges).
+    ``div(f, a, c, out=d)``: out ← a·f + c·div p in 2K ops (a = 1 or c = 1), div p = −∇ᵀp
+    (backward differences with p[−1] = 0: the exact adjoint of ∇, as p stays 0 at the far edges).
+    ``sqrt_(n)``: n ← sqrt(n); on CPU as 1/n^(−1/2) (within 2 ulp of sqrt, 0 ↦ 0), as
+    ``pow(−0.5)`` is a vectorised rsqrt there, about 3× faster than ``sqrt``."""
 
-    def __call__(self) -> torch.Tensor:
-        self.row0[0].copy_(self.row0[1])
-        torch.sub(self.rows[0], self.rows[1], out=self.rows[2])
-        for p, d_hi, p_lo, c in self.rest:
-            self.d.add_(p, alpha=c)
-            d_hi.sub_(p_lo, alpha=c)
-        return self.d
+    def __init__(self, P: torch.Tensor, G: torch.Tensor, d: torch.Tensor, s: float):
+        self.P, self.G, self.d, self.s = P, G, d, s
+        self.G0, self.G1 = G[0], list(G[1:])
+        self.axes = (-1, -2, 1)[: P.shape[0]]                      # ∂_w first: out = a·f + c·p_w
+        self.k = [1, 0, 2][: P.shape[0]]
+        self.g = [G[k].narrow(a, 0, d.shape[a] - 1) for k, a in zip(self.k, self.axes)]
+        self.d_pairs = [_pair(d, a) for a in self.axes]
+        self.terms = [(P[k], _pair(P[k], a)[1], s if a == 1 else 1.0) for k, a in zip(self.k, self.axes)]
+        self.d_hi = [hi for hi, _ in self.d_pairs]
+        self.one = d.new_ones(())
+        self.cpu = d.device.type == "cpu"
+
+    def scalar(self, v: float) -> torch.Tensor:
+        return self.d.new_full((), v)
+
+    def grad(self, x: torch.Tensor) -> None:
+        pairs = self.d_pairs if x is self.d else [_pair(x, a) for a in self.axes]
+        for (hi, lo), g in zip(pairs, self.g):
+            torch.sub(hi, lo, out=g)
+        if self.s:
+            self.G[2].mul_(self.s)
+
+    def div(self, f: torch.Tensor, a: float, c: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
+        out, out_hi = (self.d, self.d_hi) if out is None else (out, [_pair(out, ax)[0] for ax in self.axes])
+        for i, ((p, p_lo, ck), hi) in enumerate(zip(self.terms, out_hi)):   # out[j] += c·(p[j] − p[j−1])
+            if i == 0 and c == 1:
+                torch.add(p, f, alpha=a, out=out)
+            elif i == 0:
+                torch.add(f, p, alpha=c, out=out)
+            else:
+                out.add_(p, alpha=c * ck)
+            hi.sub_(p_lo, alpha=c * ck)
+        return out
+
+    def sqrt_(self, n: torch.Tensor) -> torch.Tensor:
+        return n.pow_(-0.5).reciprocal_() if self.cpu else n.sqrt_()
