@@ -1,7 +1,7 @@
 """Main job: reconstruct CASSI measurements and write the cubes.
 
     python scripts/reconstruct.py                          # GAP-TV on generated scenes (no files needed)
-    python scripts/reconstruct.py data=real wavelengths=tsa  # the five real TSA measurements in ../shared/data
+    python scripts/reconstruct.py data=real solver=gap_tv_real wavelengths=tsa  # the five real TSA scenes
     python scripts/reconstruct.py data=measurements data.predict.entries='meas/*.mat' data.predict.mask=mask.mat
     python scripts/reconstruct.py solver=admm_tv operator.backend=strided writer.fmt=h5
 Writes <output_dir>/reconstructions/<name>.<fmt> (with wavelengths and geometry) and summary.{md,csv,json}.

@@ -65,6 +65,23 @@ def test_test_without_ground_truth_is_a_clear_error():
         trainer().test(module(PseudoInverse()), DataLoader(data, batch_size=1), verbose=False)
 
 
+class Undershoot:
+    """A reconstructor whose estimate has negative values, as TV estimates do at edges."""
+
+    def __call__(self, op, y, gt=None):
+        return op.pinv(y) - 0.5
+
+
+def test_cube_writer_clamps_negative_estimates_so_they_load_back(tmp_path):
+    writer = CubeWriter(tmp_path, fmt="mat")
+    trainer(callbacks=[writer]).predict(module(Undershoot()), DataLoader(batches(), batch_size=B),
+                                        return_predictions=False)
+    from cassi.io import load_cube
+
+    cubes = [load_cube(p).data for p in writer.written]
+    assert len(cubes) == B and min(float(c.min()) for c in cubes) == 0.0
+
+
 def test_cube_writer_writes_each_scene_and_survives_a_bad_one(tmp_path):
     data = batches()
     (tmp_path / "s1.tif").write_text("already here")  # s1 cannot be written (no overwrite)

@@ -18,13 +18,16 @@ log = logging.getLogger("cassi")
 class CubeWriter(BasePredictionWriter):
     """Saves every predicted cube as ``<output_dir>/<name>.<fmt>`` (atomic, with wavelengths and geometry).
 
-    ``wavelengths``: nm per band, or 'tsa' / 'cave' for the standard sets. A sample that fails
-    to save is logged and listed in ``failed``; the others are still written.
+    ``wavelengths``: nm per band, or 'tsa' / 'cave' for the standard sets. ``nonnegative``:
+    clamp negative values (iterative estimates undershoot slightly at edges) to 0, as
+    spectral radiance is ≥ 0 and ``cassi.io.load_cube`` rejects negative cubes. A sample that
+    fails to save is logged and listed in ``failed``; the others are still written.
     """
 
     def __init__(self, output_dir: str, fmt: str = "tif", wavelengths=None, meta: dict | None = None,
-                 overwrite: bool = False):
+                 overwrite: bool = False, nonnegative: bool = True):
         super().__init__(write_interval="batch")
+        self.nonnegative = nonnegative
         self.output_dir, self.fmt = Path(output_dir), fmt.lstrip(".")
         wavelengths = NAMED_WAVELENGTHS.get(wavelengths, wavelengths) if isinstance(wavelengths, str) else wavelengths
         if isinstance(wavelengths, str):
@@ -38,6 +41,8 @@ class CubeWriter(BasePredictionWriter):
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx=0):
         self.output_dir.mkdir(parents=True, exist_ok=True)
         x = prediction["x"].detach().float().cpu()
+        if self.nonnegative:
+            x = x.clamp_min(0)
         names = prediction.get("name") or [f"scene{batch_idx}_{i}" for i in range(x.shape[0])]
         for i, name in enumerate(names):
             path = self.output_dir / f"{name}.{self.fmt}"
