@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -156,14 +155,6 @@ def markdown(rows: list[Row], threads: int, device: str) -> str:
 def to_json(rows: list[Row]) -> str:
     return json.dumps([{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()}
                        for r in rows], indent=1)
-
-
-def write_atomic(path, text: str) -> None:
-    """Write text to path via a temporary file and a rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":  # child process of peak_forward_mb

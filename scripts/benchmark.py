@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 from cassi import bench
+from cassi.io import write_text_atomic
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark")
@@ -30,8 +31,8 @@ def main(cfg: DictConfig) -> None:
     md = bench.markdown(rows, threads, cfg.device)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    bench.write_atomic(out / "benchmark.md", md)
-    bench.write_atomic(out / "benchmark.json", bench.to_json(rows))
+    write_text_atomic(out / "benchmark.md", md)
+    write_text_atomic(out / "benchmark.json", bench.to_json(rows))
     console.print(Markdown(md))
     console.print(f"wrote {out / 'benchmark.md'} and {out / 'benchmark.json'}")
 

@@ -20,9 +20,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from cassi import CASSI
-from cassi.bench import write_atomic
 from cassi.data.masks import bernoulli_mask
 from cassi.data.synthetic import synthetic_cube
+from cassi.io import write_text_atomic
 from cassi.solvers import GAPTV, psnr
 from cassi.solvers import textbook
 
@@ -110,8 +110,8 @@ def main(cfg: DictConfig) -> None:
     md = markdown(result)
     dest = Path(cfg.output_dir)
     dest.mkdir(parents=True, exist_ok=True)
-    write_atomic(dest / "benchmark_solvers.md", md)
-    write_atomic(dest / "benchmark_solvers.json", json.dumps(result, indent=2, default=str))
+    write_text_atomic(dest / "benchmark_solvers.md", md)
+    write_text_atomic(dest / "benchmark_solvers.json", json.dumps(result, indent=2, default=str))
     print(md)
     print(f"wrote {dest / 'benchmark_solvers.md'} and {dest / 'benchmark_solvers.json'}")
 

@@ -431,3 +431,20 @@ def test_check_mask_fits():
         check_mask_fits((28, 8, 8), (8, 10), [0, 1, 2])
     with pytest.raises(ValueError, match="bands="):
         check_mask_fits((256, 256), (256, 310), 2)
+
+
+def test_write_text_atomic_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    from cassi.io import write_text_atomic
+
+    target = tmp_path / "table.md"
+    write_text_atomic(target, "old")
+    assert target.read_text() == "old"
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("cassi.io.formats.os.replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_text_atomic(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["table.md"]

@@ -7,11 +7,11 @@ file; writes are atomic. Needs only torch, numpy, scipy, h5py and tifffile.
 """
 from cassi.io.arrays import (Cube, Measurement, check_mask_fits, load_cube, load_mask, load_measurement,
                              save_cube, save_mask, save_measurement)
-from cassi.io.formats import FORMATS, DataFileError
+from cassi.io.formats import FORMATS, DataFileError, write_text_atomic
 from cassi.io.spectral import CAVE_WAVELENGTHS, TSA_WAVELENGTHS, resample_bands
 
 __all__ = [
     "CAVE_WAVELENGTHS", "FORMATS", "TSA_WAVELENGTHS", "Cube", "DataFileError", "Measurement",
     "check_mask_fits", "load_cube", "load_mask", "load_measurement", "resample_bands",
-    "save_cube", "save_mask", "save_measurement",
+    "save_cube", "save_mask", "save_measurement", "write_text_atomic",
 ]

@@ -385,3 +385,16 @@ def write_array(path: str | os.PathLike, array: np.ndarray, key: str, meta: dict
             tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file beside it and ``os.replace``:
+    readers see the old file or the whole new one; a failure leaves no temporary file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

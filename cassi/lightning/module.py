@@ -97,8 +97,9 @@ def write_table(rows: list[dict], path_stem, title: str = "") -> list:
     import csv
     import io
     import json
-    import os
     from pathlib import Path
+
+    from cassi.io import write_text_atomic
 
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -113,11 +114,4 @@ def write_table(rows: list[dict], path_stem, title: str = "") -> list:
     writer.writerows([*rows, mean])
     outputs = {".md": "\n".join(md) + "\n", ".csv": buf.getvalue(),
                ".json": json.dumps({"scenes": rows, "mean": mean}, indent=1)}
-    paths = []
-    for ext, text in outputs.items():
-        path = stem.with_suffix(ext)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-        paths.append(path)
-    return paths
+    return [write_text_atomic(stem.with_suffix(ext), text) for ext, text in outputs.items()]
