@@ -13,7 +13,6 @@ y is (B, 1, H, W + Δ), Δ = ceil(max d).
 from __future__ import annotations
 
 import ctypes
-import math
 import sys
 from dataclasses import dataclass
 
@@ -130,6 +129,3 @@ def empty(shape, like: torch.Tensor) -> torch.Tensor:
             _libc.madvise(start, end - start, _MADV_HUGEPAGE)  # advisory: failure is harmless
     return t
 
-
-def ceil_int(v: float) -> int:
-    return int(math.ceil(v))
