@@ -30,8 +30,10 @@ _SNAP = 1e-6  # offsets this close to an integer are taken as that integer
 
 
 def _as_tensor(mask) -> torch.Tensor:
+    """A detached float tensor: numpy arrays (scipy.io.loadmat gives float64) and integer or
+    bool masks take torch's default dtype (float32); float tensors keep theirs."""
     if isinstance(mask, np.ndarray):
-        mask = torch.from_numpy(np.ascontiguousarray(mask))
+        mask = torch.from_numpy(np.ascontiguousarray(mask)).to(torch.get_default_dtype())
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor or numpy array, got {type(mask).__name__}")
     if not mask.is_floating_point():
@@ -83,7 +85,8 @@ class CASSI(nn.Module):
 
     Args:
         mask: coded aperture, (H, W) [needs ``bands`` or ``offsets``], (C, H, W) per
-            band, or (B, C, H, W) / (B, 1, H, W) one per sample. Tensor or numpy array.
+            band, or (B, C, H, W) / (B, 1, H, W) one per sample. A float tensor sets the
+            operator's dtype; a numpy array or integer/bool tensor gives float32 (the default dtype).
         bands: number of spectral bands C (implied by a 3-D/4-D mask or ``offsets``).
         step: dispersion in pixels per band, d_c = c·step (default 2, the TSA/MST geometry);
             fractional steps are allowed.

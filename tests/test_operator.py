@@ -315,6 +315,8 @@ def test_call_errors_name_the_argument_and_shapes():
 def test_numpy_and_integer_masks_are_accepted():
     op = CASSI(np.ones((H, W), dtype=np.uint8), bands=3, step=1, backend="loop")
     assert op.mask.dtype == torch.float32
+    assert CASSI(np.ones((H, W)), bands=3).mask.dtype == torch.float32  # loadmat's float64 -> float32
+    assert CASSI(torch.ones(H, W, dtype=torch.float64), bands=3).mask.dtype == torch.float64
     assert op(torch.ones(1, 3, H, W)).sum() == 3 * H * W
 
 
