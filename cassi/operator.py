@@ -85,7 +85,8 @@ class CASSI(nn.Module):
 
     Args:
         mask: coded aperture, (H, W) [needs ``bands`` or ``offsets``], (C, H, W) per
-            band, or (B, C, H, W) / (B, 1, H, W) one per sample. A float tensor sets the
+            band, or (B, C, H, W) / (B, 1, H, W) one per sample (an ``expand``-ed view of one
+            mask is stored once and broadcasts over any batch). A float tensor sets the
             operator's dtype; a numpy array or integer/bool tensor gives float32 (the default dtype).
         bands: number of spectral bands C (implied by a 3-D/4-D mask or ``offsets``).
         step: dispersion in pixels per band, d_c = c·step (default 2, the TSA/MST geometry);
@@ -113,6 +114,8 @@ class CASSI(nn.Module):
             m, mask_bands = m[None], m.shape[0]
         elif m.ndim == 4:
             mask_bands = m.shape[1] if m.shape[1] > 1 else None
+            if m.shape[0] > 1 and m.stride(0) == 0:  # one mask expanded over a batch: keep one copy
+                m = m[:1]
         else:
             raise ValueError(f"mask must be (H, W), (C, H, W) or (B, C, H, W), got shape {tuple(m.shape)}")
         if mask_bands is not None and bands is not None and bands != mask_bands:

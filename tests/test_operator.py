@@ -190,6 +190,15 @@ def test_batch_of_masks_applies_one_mask_per_sample(backend):
         torch.testing.assert_close(op.phi[b : b + 1], single.phi)
 
 
+def test_expanded_mask_is_stored_once_and_broadcasts():
+    mask = make_mask("2d")
+    op = CASSI(mask[None, None].expand(B, 1, H, W), bands=C, step=2, backend="strided")
+    single = CASSI(mask, bands=C, step=2, backend="loop")
+    assert op.mask.shape == (1, 1, H, W) and op.phi.shape == (1, *single.y_shape)
+    x = rand((B + 1, C, H, W))  # any batch, like a single mask
+    torch.testing.assert_close(op(x), single(x))
+
+
 def test_per_sample_2d_masks_broadcast_over_bands():
     masks = make_mask("2d", seed=3)[None, None].repeat(B, 1, 1, 1)
     masks[1] = make_mask("2d", seed=4)

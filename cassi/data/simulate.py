@@ -118,8 +118,6 @@ class Simulator:
     def operator(self, mask: torch.Tensor, bands: int | None = None) -> CASSI:
         """``cassi.CASSI`` of this geometry for masks (B, 1|C, H, W); an expanded mask
         (the same for all samples) gives one operator of batch 1 that broadcasts."""
-        if mask.ndim == 4 and mask.shape[0] > 1 and mask.stride(0) == 0:
-            mask = mask[:1]
         return CASSI(mask, bands=bands or self.bands, step=self.step, offsets=self.offsets,
                      axis=self.axis, backend=self.backend)
 

@@ -18,9 +18,6 @@ import torch
 from cassi import CASSI
 from cassi.metrics import all_metrics
 
-METRICS = ("psnr", "psnr_table", "ssim", "sam")
-
-
 class ReconstructionModule(L.LightningModule):
     """Runs ``reconstructor`` in ``test_step`` (with metrics) and ``predict_step``.
 
@@ -41,10 +38,7 @@ class ReconstructionModule(L.LightningModule):
 
     def reconstruct(self, batch: dict) -> tuple[torch.Tensor, dict]:
         """(B, C, H, W) reconstruction of ``batch["y"]`` and per-batch stats."""
-        mask = batch["mask"]
-        if mask.shape[0] > 1 and mask.stride(0) == 0:  # one shared mask expanded over the batch
-            mask = mask[:1]
-        op = self.operator(mask=mask).to(batch["y"].device)
+        op = self.operator(mask=batch["mask"]).to(batch["y"].device)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
