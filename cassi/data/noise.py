@@ -9,18 +9,11 @@ CPU or a GPU y. Without one, the global RNG of y's device is used.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
+from cassi._checks import check_number
+
 __all__ = ["GaussianNoise", "ShotNoise", "Compose"]
-
-
-def _number(name: str, value, positive: bool) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or (value <= 0 if positive else value < 0):
-        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
 
 
 def _check_y(y) -> None:
@@ -40,7 +33,7 @@ class GaussianNoise:
     """
 
     def __init__(self, sigma: float):
-        self.sigma = _number("sigma", sigma, positive=False)
+        self.sigma = check_number("sigma", sigma, positive=False)
 
     def __call__(self, y: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         _check_y(y)
@@ -75,11 +68,11 @@ class ShotNoise:
     """
 
     def __init__(self, photons: float, bit_depth: int | None = None, full_scale: float | None = None):
-        self.photons = _number("photons", photons, positive=True)
+        self.photons = check_number("photons", photons, positive=True)
         if bit_depth is not None and (isinstance(bit_depth, bool) or not isinstance(bit_depth, int) or bit_depth < 1):
             raise ValueError(f"bit_depth must be None or an int >= 1, got {bit_depth!r}")
         self.bit_depth = bit_depth
-        self.full_scale = None if full_scale is None else _number("full_scale", full_scale, positive=True)
+        self.full_scale = None if full_scale is None else check_number("full_scale", full_scale, positive=True)
 
     def __call__(self, y: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         _check_y(y)

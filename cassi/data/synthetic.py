@@ -24,6 +24,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from cassi.data.masks import _check_int
+
 __all__ = ["default_wavelengths", "synthetic_cube", "synthetic_batch"]
 
 _F64 = torch.float64
@@ -33,13 +35,6 @@ def default_wavelengths(bands: int = 28) -> torch.Tensor:
     """(bands,) float64 wavelengths in nm, evenly spread over 450–650 nm."""
     _check_int("bands", bands)
     return torch.linspace(450.0, 650.0, bands, dtype=_F64)
-
-
-def _check_int(name: str, value, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
 
 
 def _uniform(g: torch.Generator, lo: float, hi: float, n: int | Sequence[int] = ()) -> torch.Tensor:

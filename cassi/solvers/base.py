@@ -10,11 +10,12 @@ is below ``tol``, or when ``callback(k, x_k, info)`` returns True (info: the "re
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+
+from cassi._checks import check_number
 
 __all__ = ["Result", "Solver", "PseudoInverse", "check_int", "check_number", "psnr"]
 
@@ -24,16 +25,6 @@ def check_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-def check_number(name: str, value, positive: bool = True, below: float | None = None) -> float:
-    """``value`` as a finite float > 0 (``positive``) or >= 0, and < ``below`` if given."""
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    ok = ok and (value > 0 if positive else value >= 0) and (below is None or value < below)
-    if not ok:
-        want = f"{'> 0' if positive else '>= 0'}" + ("" if below is None else f" and < {below}")
-        raise ValueError(f"{name} must be a finite number {want}, got {value!r}")
-    return float(value)
 
 
 def psnr(x: torch.Tensor, gt: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

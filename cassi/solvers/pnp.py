@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from cassi.solvers.base import Solver, check_number, schedule
+from cassi._checks import check_number
+from cassi.solvers.base import Solver, schedule
 from cassi.solvers.tv import TVDenoiser
 
 __all__ = ["GAP", "ADMM", "GAPTV", "ADMMTV"]

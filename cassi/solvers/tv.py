@@ -20,7 +20,8 @@ import math
 
 import torch
 
-from cassi.solvers.base import check_int, check_number
+from cassi._checks import check_number
+from cassi.solvers.base import check_int
 
 __all__ = ["TVDenoiser", "tv_norm"]
 

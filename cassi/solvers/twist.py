@@ -19,7 +19,8 @@ from types import SimpleNamespace
 
 import torch
 
-from cassi.solvers.base import Solver, check_number
+from cassi._checks import check_number
+from cassi.solvers.base import Solver
 from cassi.solvers.tv import TVDenoiser, tv_norm
 
 __all__ = ["TwIST", "twist_parameters"]
