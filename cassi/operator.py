@@ -224,14 +224,16 @@ class CASSI(nn.Module):
         self._check(y, "y", self.y_shape, out)
         return self.adjoint(y * self.phi_inv, out=out)
 
-    def data_step(self, z: torch.Tensor, y: torch.Tensor, rho: float = 0.0) -> torch.Tensor:
+    def data_step(self, z: torch.Tensor, y: torch.Tensor, rho: float | torch.Tensor = 0.0) -> torch.Tensor:
         """argmin_x ½‖Ax − y‖² + ρ/2‖x − z‖² = z + Aᵀ((y − A z) ⊘ (Φ + ρ)).
 
-        ρ = 0 is the GAP projection onto {A x = y} (0 where Φ = 0). Exact for integer
+        ρ = 0 is the GAP projection onto {A x = y} (0 where Φ = 0). ρ may be a tensor that
+        broadcasts against (B, 1, 1, 1) (per-sample, learned; autograd flows into it). Exact for integer
         offsets; a majorised step for fractional ones. (B, C, H, W) -> (B, C, H, W).
         """
         r = y - self.forward(z)
-        r = r * self.phi_inv if rho == 0 else r / (self.phi + rho)
+        zero = not isinstance(rho, torch.Tensor) and rho == 0  # a tensor ρ (learned, per sample) divides
+        r = r * self.phi_inv if zero else r / (self.phi + rho)
         return z + self.adjoint(r)
 
     def norm(self) -> float:
