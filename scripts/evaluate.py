@@ -3,6 +3,7 @@
     python scripts/evaluate.py                                  # GAP-TV on synthetic scenes
     python scripts/evaluate.py data=shared_cave solver=admm_tv  # shared CAVE crops, 256² TSA mask
     python scripts/evaluate.py -m solver=gap_tv,admm_tv,twist,pinv
+    python scripts/evaluate.py data=shared_cave ckpt=outputs/<run>/checkpoints/last.ckpt   # a trained model
 Writes results.{md,csv,json} (per scene: PSNR, table PSNR, SSIM, SAM, time, iterations; plus mean).
 """
 from pathlib import Path
@@ -16,13 +17,16 @@ from rich.markdown import Markdown
 
 from cassi.lightning.callbacks import ResultsTable
 from cassi.lightning.module import ReconstructionModule
+from cassi.models import load_model
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     L.seed_everything(cfg.seed, workers=True)
-    module = ReconstructionModule(instantiate(cfg.solver), instantiate(cfg.operator, _partial_=True))
-    title = f"{cfg.solver._target_.rsplit('.', 1)[-1]} on {cfg.data_name}"
+    operator = instantiate(cfg.operator, _partial_=True)
+    reconstructor = load_model(cfg.ckpt, operator=operator) if cfg.ckpt else instantiate(cfg.solver)
+    module = ReconstructionModule(reconstructor, operator)
+    title = f"{cfg.ckpt or cfg.solver._target_.rsplit('.', 1)[-1]} on {cfg.data_name}"
     table = ResultsTable(Path(cfg.paths.output_dir) / "results", title)
     trainer = instantiate(cfg.trainer, callbacks=[*instantiate(cfg.trainer.callbacks), table])
     trainer.test(module, datamodule=instantiate(cfg.data))

@@ -135,4 +135,4 @@ class CASSIDataModule(L.LightningDataModule):
         training = self.trainer is not None and self.trainer.training
         names = batch.get("name") or []
         gen = None if training else torch.Generator().manual_seed(stable_seed(self.seed, *names))
-        return self.simulator(batch, generator=gen)
+        return self.simulator(batch, generator=gen, training=training)

@@ -96,20 +96,25 @@ class Simulator:
 
     Args:
         masks: a mask source (see the module docstring), or a mask / path, taken as ``FixedMask``.
+        eval_masks: the mask source for validation/test/predict batches (default: ``masks``), e.g.
+            training on random crops of a real mask and evaluating on its fixed center crop.
         bands: expected C (checked against x when given).
         step, offsets, axis, backend: the ``cassi.CASSI`` geometry (``step`` is ignored
             when ``offsets`` is given).
         noise: a callable ``noise(y, generator=None)`` or a list of them (applied in order).
 
-    ``__call__(batch, generator=None)`` returns a new dict; a "mask" already in the batch
+    ``__call__(batch, generator=None, training=True)`` returns a new dict (masks from ``eval_masks``
+    when not training); a "mask" already in the batch
     is used as is. y is computed without gradients on x's device, with one operator for
     the whole batch; with a generator the masks and the noise are deterministic.
     """
 
     def __init__(self, masks, bands: int | None = None, step: float | None = 2,
                  offsets: Sequence[float] | None = None, axis: str = "w", backend="auto",
-                 noise: Callable | Sequence[Callable] | None = None):
+                 noise: Callable | Sequence[Callable] | None = None, eval_masks=None):
         self.masks = masks if callable(masks) else FixedMask(masks)
+        self.eval_masks = self.masks if eval_masks is None else (
+            eval_masks if callable(eval_masks) else FixedMask(eval_masks))
         self.bands, self.axis, self.backend = bands, axis, backend
         self.offsets = None if offsets is None else [float(o) for o in offsets]
         self.step = None if offsets is not None else step
@@ -121,7 +126,7 @@ class Simulator:
         return CASSI(mask, bands=bands or self.bands, step=self.step, offsets=self.offsets,
                      axis=self.axis, backend=self.backend)
 
-    def __call__(self, batch: dict, generator: torch.Generator | None = None) -> dict:
+    def __call__(self, batch: dict, generator: torch.Generator | None = None, training: bool = True) -> dict:
         x = batch["x"]
         if x.ndim != 4:
             raise ValueError(f"batch['x'] must be (B, C, H, W), got shape {tuple(x.shape)}")
@@ -130,7 +135,7 @@ class Simulator:
             raise ValueError(f"batch['x'] has {C} bands but the simulator expects bands={self.bands}")
         mask = batch.get("mask")
         if mask is None:
-            mask = self.masks(B, H, W, x.device, generator)
+            mask = (self.masks if training else self.eval_masks)(B, H, W, x.device, generator)
         mask = mask.to(x.device, x.dtype)
         with torch.no_grad():
             y = self.operator(mask, C)(x)

@@ -1,0 +1,138 @@
+"""LightningModule that trains a learned reconstructor (e.g. ``cassi.models.GAPNet``) on simulated batches.
+
+Batches come from ``CASSIDataModule``: ground truth "x" (B, C, H, W) with "mask" and "y" = A x
+simulated on the model's device. One ``cassi.CASSI`` is built per batch from its masks, the model
+runs all its stages, and the loss compares the final (or a weighted sum of the last) stage outputs
+with "x". Validation logs PSNR, table PSNR, SSIM and SAM (``val/…``); test (inherited from
+:class:`ReconstructionModule`) logs ``test/…`` and per-scene rows. Checkpoints carry what rebuilds
+the model from the path alone (``cassi.models.load_model``): its constructor config, the
+dispersion geometry it was trained for and the wavelengths.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+import cassi
+from cassi.lightning.module import ReconstructionModule
+from cassi.metrics import all_metrics
+from cassi.models.losses import ReconstructionLoss
+
+__all__ = ["TrainingModule", "warmup_cosine"]
+
+
+def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
+                  min_lr: float = 1e-6) -> torch.optim.lr_scheduler.LambdaLR:
+    """lr_t = lr·t/warmup for t < warmup, then cosine from lr to ``min_lr`` at ``total_steps``
+    (per optimizer step). ``total_steps`` is filled in by :class:`TrainingModule` from the Trainer."""
+    if total_steps < 1 or warmup_steps < 0:
+        raise ValueError(f"need total_steps >= 1 and warmup_steps >= 0, got {total_steps}, {warmup_steps}")
+    base = [g["lr"] for g in optimizer.param_groups]
+
+    def factor(step: int, lr: float) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        t = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        floor = min(min_lr / lr, 1.0) if lr > 0 else 0.0
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda s, lr=lr: factor(s, lr) for lr in base])
+
+
+class TrainingModule(ReconstructionModule):
+    """Trains ``model`` (called as ``model(op, y, return_stages=True) -> [x₀, …, x_K]``).
+
+    Args:
+        model: a learned reconstructor with a ``config`` dict (every ``cassi.models`` class has one).
+        operator: callable ``mask -> CASSI`` (a Hydra partial of ``cassi.CASSI``: bands/step/offsets/axis/backend).
+        loss: callable (pred, target) -> scalar; default L1 (``cassi.models.ReconstructionLoss``).
+        optimizer: callable ``params -> Optimizer`` (a Hydra partial); default Adam(lr=4e-4).
+        scheduler: callable ``optimizer -> LRScheduler`` stepped every optimizer step, or None; one that
+            takes ``total_steps`` gets the Trainer's estimated number of optimizer steps.
+        stage_weights: weights of the last len(w) stage outputs in the loss (e.g. [0.5, 0.75, 1], the
+            weighted supervision of DPU); None: the final output only.
+        wavelengths: nm per band, stored in checkpoints (and used to render previews).
+        log_images: how many validation scenes to log as images (to TensorBoard, when that is the logger).
+    """
+
+    def __init__(self, model: nn.Module, operator: Callable, loss: Callable | None = None,
+                 optimizer: Callable | None = None, scheduler: Callable | None = None,
+                 stage_weights: Sequence[float] | None = None, wavelengths: Sequence[float] | str | None = None,
+                 log_images: int = 1):
+        super().__init__(model, operator)
+        config = getattr(model, "config", None)
+        if not isinstance(config, dict) or "_target_" not in config:
+            raise TypeError(f"model {type(model).__name__} has no config dict (its constructor call); "
+                            f"use a cassi.models class or set model.config = {{'_target_': ..., **kwargs}}")
+        if stage_weights is not None:
+            stage_weights = [float(w) for w in stage_weights]
+            stages = getattr(model, "stages", None)
+            if not stage_weights or min(stage_weights) < 0 or (stages is not None and len(stage_weights) > stages):
+                raise ValueError(f"stage_weights must be 1..{stages} weights >= 0, got {stage_weights}")
+        if isinstance(wavelengths, str):
+            from cassi.data.datasets import _wavelengths
+            wavelengths = _wavelengths(wavelengths)
+        self.loss = loss if loss is not None else ReconstructionLoss("l1")
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.stage_weights, self.log_images = stage_weights, log_images
+        self.wavelengths = None if wavelengths is None else [float(w) for w in wavelengths]
+        self.geometry: dict | None = None
+        self.save_hyperparameters({"model": dict(config), "loss": repr(self.loss), "stage_weights": stage_weights,
+                                   "wavelengths": self.wavelengths})
+
+    # ------------------------------------------------------------------ steps
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        op = self.operator(mask=batch["mask"])
+        if self.geometry is None:
+            self.geometry = {"offsets": list(op.offsets), "axis": op.axis, "bands": op.bands}
+        x = batch["x"]
+        if self.stage_weights is None:
+            loss = self.loss(self.reconstructor(op, batch["y"]), x)
+        else:
+            outs = self.reconstructor(op, batch["y"], return_stages=True)[-len(self.stage_weights):]
+            loss = sum(w * self.loss(o, x) for w, o in zip(self.stage_weights, outs)) / sum(self.stage_weights)
+        self.log("train/loss", loss, prog_bar=True, batch_size=x.shape[0])
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        x, _ = self.reconstruct(batch)
+        scores = all_metrics(x, batch["x"])
+        for k, v in scores.items():
+            self.log(f"val/{k}", v.mean(), batch_size=x.shape[0], sync_dist=True, prog_bar=k == "psnr")
+        if batch_idx < self.log_images:
+            self._log_image(x[0], batch["x"][0], batch_idx)
+
+    def _log_image(self, x: torch.Tensor, gt: torch.Tensor, index: int) -> None:
+        """Truth | reconstruction as an sRGB-like image (C, H, 2W) to TensorBoard, if that is the logger."""
+        experiment = getattr(self.logger, "experiment", None)
+        if not hasattr(experiment, "add_image") or not self.trainer.is_global_zero:
+            return
+        from cassi.viz import to_rgb
+
+        pair = torch.cat([gt, x], dim=-1).clamp(0, 1).float().cpu()
+        rgb = torch.as_tensor(to_rgb(pair, self.wavelengths))
+        experiment.add_image(f"val/scene{index}", rgb, self.global_step, dataformats="HWC")
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self):
+        params = [p for p in self.parameters() if p.requires_grad]
+        opt = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.Adam(params, lr=4e-4)
+        if self.scheduler_factory is None:
+            return opt
+        kwargs = {}
+        if "total_steps" in inspect.signature(self.scheduler_factory).parameters:
+            kwargs["total_steps"] = max(1, int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt, **kwargs),
+                                                   "interval": "step"}}
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["cassi"] = {"model": dict(self.reconstructor.config), "geometry": self.geometry,
+                               "wavelengths": self.wavelengths, "version": cassi.__version__}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.geometry = checkpoint.get("cassi", {}).get("geometry")

@@ -1,0 +1,14 @@
+"""Learned reconstruction: unrolled networks (GAP-Net, ADMM-Net, DAUHST-style), their prior blocks,
+training losses and checkpoint loading. Imports torch (and torchmetrics) only.
+
+    from cassi.models import GAPNet, load_model
+    model = GAPNet(bands=28, stages=5)          # model(op, y) -> (B, C, H, W), like a solver
+    model = load_model("runs/best.ckpt")        # from a training checkpoint, geometry checked
+"""
+from cassi.models.blocks import HalfShuffleTransformer, StageEstimator, UNet
+from cassi.models.checkpoint import load_model, load_prior, resolve_checkpoint
+from cassi.models.losses import ReconstructionLoss
+from cassi.models.unrolled import ADMMNet, DAUHST, GAPNet, Unrolled
+
+__all__ = ["ADMMNet", "DAUHST", "GAPNet", "HalfShuffleTransformer", "ReconstructionLoss", "StageEstimator",
+           "UNet", "Unrolled", "load_model", "load_prior", "resolve_checkpoint"]

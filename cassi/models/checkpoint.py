@@ -1,0 +1,105 @@
+"""Load a trained model from a checkpoint path alone (no training config, no Lightning, no Hydra).
+
+A cassi checkpoint is a Lightning checkpoint written by ``cassi.lightning.TrainingModule``; besides
+the weights (``state_dict``, EMA weights when EMA was on) it holds an entry ``"cassi"``:
+{"model": {"_target_": class path, **constructor arguments}, "geometry": {"offsets", "axis",
+"bands"}, "wavelengths": [nm] | None}. ``pretrained/<name>`` names a checkpoint shipped in
+``cassi/pretrained/<name>.ckpt``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["load_model", "load_prior", "resolve_checkpoint", "PRETRAINED_DIR"]
+
+PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
+PREFIX = "reconstructor."  # the model's attribute in TrainingModule
+
+
+def resolve_checkpoint(path) -> Path:
+    """The checkpoint file for a path or a ``pretrained/<name>``; FileNotFoundError naming it otherwise."""
+    text = os.fspath(path)
+    if text.startswith("pretrained/") and not Path(text).exists():
+        name = text.split("/", 1)[1].removesuffix(".ckpt")
+        found = PRETRAINED_DIR / f"{name}.ckpt"
+        if not found.is_file():
+            have = sorted(p.stem for p in PRETRAINED_DIR.glob("*.ckpt")) if PRETRAINED_DIR.is_dir() else []
+            raise FileNotFoundError(f"no pretrained model {name!r}; shipped: {have or 'none'}")
+        return found
+    p = Path(text).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"checkpoint {text} does not exist")
+    return p
+
+
+def _read(path: Path) -> dict:
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # not a torch file, truncated, or not loadable as plain data
+        raise ValueError(f"{path} is not a cassi checkpoint: torch.load failed ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    if not isinstance(ckpt, dict) or "cassi" not in ckpt or "state_dict" not in ckpt:
+        raise ValueError(f"{path} is not a cassi checkpoint (no 'cassi' entry: it was not written by "
+                         f"cassi.lightning.TrainingModule)")
+    return ckpt
+
+
+def _build(spec: dict, path: Path) -> nn.Module:
+    spec = dict(spec)
+    target = spec.pop("_target_", "")
+    module, _, name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"{path}: model class {target!r} cannot be imported ({e})") from e
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"{path}: {target!r} is not a torch.nn.Module class")
+    return cls(**spec)
+
+
+def load_model(path, map_location="cpu", operator=None) -> nn.Module:
+    """The trained model of a cassi checkpoint (a path or ``pretrained/<name>``), in eval mode on
+    ``map_location``, called like a solver: ``model(op, y) -> x`` (B, C, H, W). Its ``geometry``
+    (offsets, axis) and band count are checked against every operator it is given, and at once
+    against ``operator`` (a callable ``mask -> CASSI``, e.g. the configured partial) when given, so
+    that a mismatch fails before any work."""
+    path = resolve_checkpoint(path)
+    ckpt = _read(path)
+    info = ckpt["cassi"]
+    model = _build(info["model"], path)
+    state = {k[len(PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise ValueError(f"{path}: the weights do not fit {info['model'].get('_target_')}: "
+                         f"{str(e).splitlines()[0]}") from e
+    model.geometry = info.get("geometry")
+    model.wavelengths = info.get("wavelengths")
+    model.source = str(path)
+    if operator is not None:
+        model.check(operator(mask=torch.ones(1, 1)))
+    return model.to(map_location).eval()
+
+
+def load_prior(path, stage: int = -1, map_location="cpu"):
+    """A trained model's stage prior as a denoiser for plug-and-play: ``D(x)`` or ``D(x, σ)``
+    (B, C, H, W) -> (B, C, H, W). For priors with a noise channel (DAUHST) σ fills it (default: the
+    channel the model estimated on average, 0 if unknown)."""
+    model = load_model(path, map_location)
+    prior = model.prior(stage % model.stages)
+    noisy = getattr(model, "estimator", None) is not None
+
+    @torch.no_grad()
+    def denoise(x: torch.Tensor, sigma: float | None = None) -> torch.Tensor:
+        if noisy:
+            level = torch.full_like(x[:, :1], 0.0 if sigma is None else float(sigma))
+            x = torch.cat([x, level], dim=1)
+        return prior(x).to(x.dtype)
+
+    denoise.model = model
+    return denoise

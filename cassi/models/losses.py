@@ -1,0 +1,46 @@
+"""Training losses for reconstructions (B, C, H, W) against ground truth (B, C, H, W)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics.functional.image import structural_similarity_index_measure
+
+__all__ = ["ReconstructionLoss"]
+
+KINDS = ("l1", "mse", "rmse", "charbonnier")
+
+
+class ReconstructionLoss(nn.Module):
+    """ℓ(x̂, x) + w_ssim·(1 − SSIM(x̂, x)), ℓ one of
+
+    l1: mean|x̂ − x|;  mse: mean(x̂ − x)²;  rmse: sqrt(mse) (the MST toolbox's loss);
+    charbonnier: mean sqrt((x̂ − x)² + ε²).  Returns a scalar.
+    """
+
+    def __init__(self, kind: str = "l1", ssim: float = 0.0, eps: float = 1e-3):
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"loss kind must be one of {KINDS}, got {kind!r}")
+        if ssim < 0:
+            raise ValueError(f"ssim weight must be >= 0, got {ssim!r}")
+        self.kind, self.ssim, self.eps = kind, float(ssim), float(eps)
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if pred.shape != target.shape:
+            raise ValueError(f"pred {tuple(pred.shape)} and target {tuple(target.shape)} differ in shape")
+        d = pred - target
+        if self.kind == "l1":
+            loss = d.abs().mean()
+        elif self.kind == "charbonnier":
+            loss = (d.square() + self.eps**2).sqrt().mean()
+        else:
+            loss = d.square().mean()
+            loss = loss.sqrt() if self.kind == "rmse" else loss
+        if self.ssim:
+            loss = loss + self.ssim * (1 - structural_similarity_index_measure(pred.float(), target.float(),
+                                                                                data_range=1.0))
+        return loss
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}, ssim={self.ssim}"

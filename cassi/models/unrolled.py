@@ -1,0 +1,195 @@
+"""Deep unrolled reconstruction: K stages of a data-consistency step through the operator and a
+learned prior network, starting from the masked pseudo-inverse x₀ = A⁺y = Aᵀ(y ⊘ Φ).
+
+A model is called like a solver, ``model(op, y) -> x`` (B, C, H, W), with ``op`` a
+:class:`cassi.CASSI` of any geometry (step/offsets, axis, batch of masks) and band count
+``bands``; the geometry always comes from the operator. ``model(op, y, return_stages=True)``
+gives the list [x₀, z₁, ..., z_K] of every stage's output (for per-stage supervision).
+
+Families (the data step is ``op.data_step``: z + Aᵀ((y − A z) ⊘ (Φ + ρ))):
+
+- :class:`GAPNet`:  x_k = z + λ_k·Aᵀ((y − A z) ⊘ Φ),  z_k = U-Net_k(x_k)
+- :class:`ADMMNet`: x_k = data_step(z + b, y, ρ_k),  z_k = U-Net_k(x_k − b),  b ← b − (x_k − z_k)
+- :class:`DAUHST`:  (α, β) = estimator(x₀, mask);  x_k = data_step(z, y, α_k),  z_k = HST_k([x_k, β_k])
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from cassi.models.blocks import HalfShuffleTransformer, StageEstimator, UNet
+
+__all__ = ["Unrolled", "GAPNet", "ADMMNet", "DAUHST"]
+
+
+def _config(model: nn.Module, args: dict) -> dict:
+    """The constructor call that rebuilds ``model``: {"_target_": class path, **arguments}."""
+    cls = type(model)
+    return {"_target_": f"{cls.__module__}.{cls.__qualname__}",
+            **{k: (list(v) if isinstance(v, tuple) else v) for k, v in args.items() if k not in ("self", "__class__")}}
+
+
+def _inverse_softplus(v: float) -> float:
+    return math.log(math.expm1(v))
+
+
+class Unrolled(nn.Module):
+    """Base class: the stage loop, geometry checks, optional activation checkpointing per stage.
+
+    Args:
+        bands: C, the band count the priors are built for (must equal ``op.bands``).
+        stages: K, the number of unrolled stages.
+        share: one prior for all stages (weights shared) instead of one per stage.
+        checkpointing: recompute each stage's activations in backward (saves memory in training).
+
+    Subclasses build ``self.priors`` (K modules, or 1 when shared) and implement
+    ``_stage(k, op, y, state) -> state`` on a dict state whose "z" is the stage output.
+    """
+
+    #: set when loaded from a checkpoint: {"offsets": [...], "axis": "w"} it was trained for, and its path
+    geometry: dict | None = None
+    source: str | None = None
+
+    def __init__(self, bands: int, stages: int, share: bool = False, checkpointing: bool = False):
+        super().__init__()
+        for name, v in (("bands", bands), ("stages", stages)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.bands, self.stages, self.share, self.checkpointing = bands, stages, share, checkpointing
+
+    def _make_priors(self, make) -> nn.ModuleList:
+        return nn.ModuleList(make() for _ in range(1 if self.share else self.stages))
+
+    def prior(self, k: int) -> nn.Module:
+        return self.priors[0 if self.share else k]
+
+    def check(self, op) -> None:
+        """ValueError when ``op``'s band count (or, for a loaded checkpoint, its dispersion) differs."""
+        where = f"the model from {self.source}" if self.source else f"this {type(self).__name__}"
+        if op.bands != self.bands:
+            raise ValueError(f"{where} reconstructs {self.bands} bands but the operator has {op.bands}; "
+                             f"use data with {self.bands} bands (e.g. bands={self.bands}) or another model")
+        if self.geometry:
+            offs, axis = self.geometry.get("offsets"), self.geometry.get("axis", "w")
+            same = offs is None or (len(offs) == len(op.offsets) and
+                                    all(abs(a - b) < 1e-4 for a, b in zip(offs, op.offsets)))
+            if not same or axis != op.axis:
+                raise ValueError(f"{where} was trained for dispersion offsets {_short(offs)} along {axis!r}, "
+                                 f"but the operator has offsets {_short(op.offsets)} along {op.axis!r}; "
+                                 f"set operator.step/operator.offsets/operator.axis to match or use another model")
+
+    def _init(self, op, y: torch.Tensor, x0: torch.Tensor) -> dict:
+        return {"z": x0}
+
+    def _stage(self, k: int, op, y: torch.Tensor, state: dict) -> dict:
+        raise NotImplementedError
+
+    def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
+        """x_K (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` the list [x₀, z₁, …, z_K].
+        ``gt`` is accepted (and ignored) so that the model is called like a solver."""
+        self.check(op)
+        x0 = op.pinv(y)
+        state = self._init(op, y, x0)
+        outs = [x0]
+        for k in range(self.stages):
+            if self.checkpointing and torch.is_grad_enabled():
+                keys = sorted(state)
+
+                def run(*vals, k=k, keys=keys):
+                    out = self._stage(k, op, y, dict(zip(keys, vals)))
+                    return tuple(out[key] for key in keys)
+
+                state = dict(zip(keys, checkpoint(run, *(state[key] for key in keys), use_reentrant=False)))
+            else:
+                state = self._stage(k, op, y, state)
+            outs.append(state["z"])
+        return outs if return_stages else outs[-1]
+
+    def _prior(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """The prior's output in the operator's dtype (under autocast the prior may compute in bf16)."""
+        return self.prior(k)(x).to(x.dtype)
+
+
+def _short(offs) -> str:
+    if offs is None:
+        return "?"
+    return str(list(offs)) if len(offs) <= 4 else f"[{offs[0]:g}, {offs[1]:g}, …, {offs[-1]:g}] ({len(offs)} bands)"
+
+
+class GAPNet(Unrolled):
+    """GAP-Net (Meng et al. 2020): x_k = z + λ_k·Aᵀ((y − A z) ⊘ Φ), z_k = U-Net_k(x_k).
+
+    λ_k is learned per stage (initialised to 1, the GAP projection; the paper fixes it to 1).
+    U-Net widths ``width``·2^s over ``depth`` scales. (B, 1, H, W+Δ) -> (B, C, H, W).
+    """
+
+    def __init__(self, bands: int = 28, stages: int = 9, width: int = 32, depth: int = 3, share: bool = False,
+                 checkpointing: bool = False):
+        super().__init__(bands, stages, share, checkpointing)
+        self.config = _config(self, dict(locals()))
+        self.priors = self._make_priors(lambda: UNet(bands, bands, width, depth))
+        self.steps = nn.Parameter(torch.ones(stages))
+
+    def _stage(self, k, op, y, state):
+        z = state["z"]
+        x = z + self.steps[k] * (op.data_step(z, y) - z)
+        return {"z": self._prior(k, x)}
+
+
+class ADMMNet(Unrolled):
+    """ADMM-Net (Ma et al. 2019, as in the MST toolbox): x_k = z + b + Aᵀ((y − A(z + b)) ⊘ (Φ + ρ_k)),
+    z_k = U-Net_k(x_k − b), b ← b − (x_k − z_k), from z = A⁺y, b = 0.
+
+    ρ_k = softplus(θ_k) ≥ 0 per stage, initialised to ``rho`` (the reference code learns ρ_k from 0
+    without a sign constraint, which can divide by ≈ 0 where Φ is small). (B, 1, H, W+Δ) -> (B, C, H, W).
+    """
+
+    def __init__(self, bands: int = 28, stages: int = 9, width: int = 32, depth: int = 3, share: bool = False,
+                 rho: float = 0.01, checkpointing: bool = False):
+        super().__init__(bands, stages, share, checkpointing)
+        self.config = _config(self, dict(locals()))
+        self.priors = self._make_priors(lambda: UNet(bands, bands, width, depth))
+        self.theta = nn.Parameter(torch.full((stages,), _inverse_softplus(rho)))
+
+    def _init(self, op, y, x0):
+        return {"b": torch.zeros_like(x0), "z": x0}
+
+    def _stage(self, k, op, y, state):
+        z, b = state["z"], state["b"]
+        x = op.data_step(z + b, y, F.softplus(self.theta[k]))
+        z = self._prior(k, x - b)
+        return {"b": b - (x - z), "z": z}
+
+
+class DAUHST(Unrolled):
+    """DAUHST-style (Cai et al. 2022, degradation-aware unfolding half-shuffle transformer).
+
+    (α, β) = estimator([x₀, mean_c M]) (B, K) each; x_k = z + Aᵀ((y − A z) ⊘ (Φ + α_k)),
+    z_k = HST_k([x_k, β_k]) with β_k broadcast as an extra channel. Departs from the paper: the
+    initial estimate is the masked pseudo-inverse A⁺y (not y·2/C shifted back and fused with Φ),
+    the estimator sees the mean of the mask over bands (any mask layout), and the HST has no
+    fixed position embedding (any size). (B, 1, H, W+Δ) -> (B, C, H, W).
+    """
+
+    def __init__(self, bands: int = 28, stages: int = 9, dim: int = 28, blocks: Sequence[int] = (1, 1, 1),
+                 heads: int = 1, window: int = 8, share: bool = False, checkpointing: bool = False):
+        super().__init__(bands, stages, share, checkpointing)
+        self.config = _config(self, dict(locals()))
+        self.estimator = StageEstimator(bands + 1, stages)
+        self.priors = self._make_priors(lambda: HalfShuffleTransformer(bands + 1, bands, dim, blocks, heads, window))
+
+    def _init(self, op, y, x0):
+        mask = op.mask.mean(1, keepdim=True).expand(x0.shape[0], 1, -1, -1).to(x0.dtype)
+        alpha, beta = self.estimator(torch.cat([x0, mask], dim=1))
+        return {"alpha": alpha.to(x0.dtype), "beta": beta.to(x0.dtype), "z": x0}
+
+    def _stage(self, k, op, y, state):
+        z, alpha, beta = state["z"], state["alpha"], state["beta"]
+        x = op.data_step(z, y, alpha[:, k, None, None, None])
+        noise = beta[:, k, None, None, None].expand(-1, 1, *x.shape[-2:])
+        return {"alpha": alpha, "beta": beta, "z": self._prior(k, torch.cat([x, noise], dim=1))}

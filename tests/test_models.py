@@ -1,0 +1,198 @@
+"""Unrolled networks (cassi.models): any geometry, gradients, first iterate, configs, checkpoints."""
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from cassi import CASSI
+from cassi.models import ADMMNet, DAUHST, GAPNet, ReconstructionLoss, load_model, load_prior
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+TINY = {"GAPNet": dict(width=4, depth=2), "ADMMNet": dict(width=4, depth=2),
+        "DAUHST": dict(dim=4, blocks=[1, 1], heads=1, window=4)}
+
+
+def tiny(name: str, bands: int, stages: int = 2, **kw):
+    return {"GAPNet": GAPNet, "ADMMNet": ADMMNet, "DAUHST": DAUHST}[name](bands=bands, stages=stages,
+                                                                        **TINY[name], **kw)
+
+
+def random_op(batch, bands, h, w, seed=0, **geometry):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(batch, 1, h, w, generator=g) > 0.4).float()
+    return CASSI(mask, bands=bands, backend="strided", **geometry), torch.rand(batch, bands, h, w, generator=g)
+
+
+GEOMETRIES = [dict(step=2), dict(step=1, axis="h"), dict(offsets=[0.0, 1.5, 2.25, 4.0, 5.5])]
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=["step2", "step1-h", "fractional"])
+def test_forward_backward_any_geometry_with_a_batch_of_masks(name, geometry):
+    """Odd sizes (not multiples of the networks' strides), 5 bands, a different mask per sample."""
+    op, x = random_op(3, 5, 13, 11, **geometry)
+    model = tiny(name, 5, stages=3)
+    outs = model(op, op(x), return_stages=True)
+    assert len(outs) == 4 and all(o.shape == x.shape for o in outs)
+    assert torch.equal(outs[0], op.pinv(op(x)))  # the first iterate is the masked pseudo-inverse
+    outs[-1].square().mean().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing, f"no gradient reaches {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_every_stage_changes_the_output(name):
+    """Each stage's prior is used: perturbing the weights of stage k changes the output."""
+    op, x = random_op(2, 4, 16, 16)
+    model = tiny(name, 4, stages=3).eval()
+    y = op(x)
+    with torch.no_grad():
+        base = model(op, y)
+        for k in range(3):
+            before = [p.clone() for p in model.prior(k).parameters()]
+            for p in model.prior(k).parameters():
+                p.add_(0.05)
+            assert not torch.allclose(model(op, y), base), f"stage {k} has no effect"
+            for p, b in zip(model.prior(k).parameters(), before):
+                p.copy_(b)
+
+
+def test_model_is_a_solver_and_sizes_are_independent_of_the_stride():
+    """The same weights reconstruct any size; the model is called like a solver (op, y, gt=...)."""
+    model = tiny("GAPNet", 6)
+    for h, w in ((7, 9), (16, 16), (33, 20)):
+        op, x = random_op(1, 6, h, w, step=3)
+        assert model(op, op(x), gt=x).shape == (1, 6, h, w)
+
+
+def test_shared_stage_weights():
+    shared, separate = GAPNet(4, stages=4, width=4, depth=2, share=True), GAPNet(4, stages=4, width=4, depth=2)
+    assert len(shared.priors) == 1 and len(separate.priors) == 4
+    n = lambda m: sum(p.numel() for p in m.priors.parameters())  # noqa: E731
+    assert n(separate) == 4 * n(shared)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_activation_checkpointing_gives_the_same_values_and_gradients(name):
+    op, x = random_op(2, 4, 12, 12)
+    y = op(x)
+    a, b = tiny(name, 4), tiny(name, 4, checkpointing=True)
+    b.load_state_dict(a.state_dict())
+    for m in (a, b):
+        m(op, y).square().sum().backward()
+    assert torch.allclose(a(op, y), b(op, y), atol=1e-6)
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(pa.grad, pb.grad, rtol=1e-4, atol=1e-7), n
+
+
+def test_bf16_autocast_keeps_the_operator_in_float32():
+    op, x = random_op(2, 4, 16, 16)
+    model = tiny("DAUHST", 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(op, op(x))
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    out.mean().backward()
+
+
+def test_wrong_band_count_is_refused():
+    op, x = random_op(1, 5, 8, 8)
+    with pytest.raises(ValueError, match="reconstructs 4 bands but the operator has 5"):
+        tiny("GAPNet", 4)(op, op(x))
+
+
+@pytest.mark.parametrize("bad", [dict(stages=0), dict(bands=0), dict(stages=1.5)])
+def test_invalid_sizes(bad):
+    with pytest.raises(ValueError, match="positive integer"):
+        GAPNet(**{"bands": 4, "stages": 2, **bad})
+
+
+def test_losses():
+    p, t = torch.full((1, 2, 8, 8), 0.5), torch.zeros(1, 2, 8, 8)
+    assert ReconstructionLoss("l1")(p, t) == pytest.approx(0.5)
+    assert ReconstructionLoss("mse")(p, t) == pytest.approx(0.25)
+    assert ReconstructionLoss("rmse")(p, t) == pytest.approx(0.5)
+    assert ReconstructionLoss("charbonnier", eps=1e-3)(p, t) == pytest.approx((0.25 + 1e-6) ** 0.5)
+    x = torch.rand(1, 3, 16, 16)
+    assert ReconstructionLoss("l1", ssim=1.0)(x, x) == pytest.approx(0.0, abs=1e-5)
+    assert ReconstructionLoss("l1", ssim=1.0)(x, 1 - x) > ReconstructionLoss("l1")(x, 1 - x)
+    with pytest.raises(ValueError, match="loss kind"):
+        ReconstructionLoss("l3")
+
+
+@pytest.mark.parametrize("model", sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
+def test_every_model_config_instantiates_and_runs(model):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[f"model={model}", "bands=4"])
+    cfg.model.stages = 2
+    for k, v in {"width": 4, "depth": 2, "dim": 4, "window": 4}.items():
+        if k in cfg.model:
+            cfg.model[k] = v
+    net = instantiate(cfg.model)
+    assert type(net).__name__ == cfg.model._target_.rsplit(".", 1)[1] and net.config["bands"] == 4
+    op, x = random_op(1, 4, 10, 10)
+    assert net(op, op(x)).shape == x.shape
+
+
+def test_published_sizes_of_the_model_configs():
+    """GAP-Net/ADMM-Net at 9 stages, widths 32-64-128: the published 4.27 M parameters."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        for name in ("gapnet", "admmnet"):
+            net = instantiate(compose("train", overrides=[f"model={name}"]).model)
+            assert sum(p.numel() for p in net.parameters()) == pytest.approx(4.27e6, rel=0.01)
+
+
+# --------------------------------------------------------------------------- checkpoints
+def fake_checkpoint(path, model, geometry=None):
+    """A checkpoint as TrainingModule writes it (state under 'reconstructor.', a 'cassi' entry)."""
+    torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in model.state_dict().items()},
+                "cassi": {"model": model.config, "geometry": geometry, "wavelengths": None}}, path)
+    return path
+
+
+def test_load_model_from_path_alone(tmp_path):
+    op, x = random_op(2, 5, 12, 12)
+    model = tiny("DAUHST", 5).eval()
+    path = fake_checkpoint(tmp_path / "m.ckpt", model, {"offsets": op.offsets, "axis": "w", "bands": 5})
+    loaded = load_model(path)
+    assert type(loaded) is DAUHST and not loaded.training
+    with torch.no_grad():
+        assert torch.equal(loaded(op, op(x)), model(op, op(x)))
+
+
+def test_load_model_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.ckpt does not exist"):
+        load_model(tmp_path / "nope.ckpt")
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="junk.ckpt is not a cassi checkpoint"):
+        load_model(tmp_path / "junk.ckpt")
+    torch.save({"state_dict": {}}, tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="other.ckpt is not a cassi checkpoint"):
+        load_model(tmp_path / "other.ckpt")
+    with pytest.raises(FileNotFoundError, match="no pretrained model 'nothing'"):
+        load_model("pretrained/nothing")
+
+
+def test_loaded_model_refuses_another_geometry(tmp_path):
+    model = tiny("GAPNet", 5)
+    path = fake_checkpoint(tmp_path / "m.ckpt", model, {"offsets": [0.0, 2, 4, 6, 8], "axis": "w", "bands": 5})
+    op1, x = random_op(1, 5, 8, 8, step=1)
+    with pytest.raises(ValueError, match=r"m.ckpt was trained for dispersion offsets \[0, 2, …, 8\]"):
+        load_model(path)(op1, op1(x))
+    with pytest.raises(ValueError, match="along 'w', but the operator .* along 'h'"):
+        load_model(path, operator=lambda mask: CASSI(mask, bands=5, step=2, axis="h"))
+    op2, _ = random_op(1, 5, 8, 8, step=2)
+    load_model(path, operator=lambda mask: CASSI(mask, bands=5, step=2))(op2, op2(x))  # the right one works
+
+
+def test_trained_prior_as_a_pnp_denoiser(tmp_path):
+    from cassi.solvers import GAP
+
+    op, x = random_op(1, 4, 16, 16)
+    for name in ("GAPNet", "DAUHST"):
+        path = fake_checkpoint(tmp_path / f"{name}.ckpt", tiny(name, 4))
+        denoiser = load_prior(path)
+        assert denoiser(x).shape == x.shape and denoiser(x, 0.1).shape == x.shape
+        result = GAP(denoiser, iters=3)(op, op(x))
+        assert result.x.shape == x.shape and result.iterations == 3

@@ -1,0 +1,188 @@
+"""scripts/train.py and the TrainingModule, run as a user runs them (subprocesses) on tiny problems."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from cassi import CASSI
+from cassi.io import save_cube, save_mask
+from cassi.models import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+# tiny synthetic problem: 8 training scenes of 16², batch 4 (2 steps per epoch), a 2-stage 4-wide GAP-Net
+TINY = ["model.stages=2", "model.width=4", "model.depth=2", "bands=6", "data.train.n=8", "data.train.height=16",
+        "data.train.width=16", "data.val.n=2", "data.val.height=16", "data.val.width=16", "data.test.n=2",
+        "data.test.height=16", "data.test.width=16", "data.batch_size=4", "trainer.accelerator=cpu",
+        "callbacks.progress=null", "callbacks.summary=null", "trainer.log_every_n_steps=1"]
+
+
+def run(script, *overrides, ok=True, out=None):
+    """Run a script; ``out``: its output folder (Hydra's run dir too, so nothing lands in the repo)."""
+    extra = [f"paths.output_dir={out}", f"hydra.run.dir={out}"] if out is not None else []
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *overrides, *extra], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    if ok:
+        assert r.returncode == 0, f"{script} failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """6 steps of training with a checkpoint every 2 steps; deterministic masks (p=1) and data."""
+    out = tmp_path_factory.mktemp("train")
+    run("train.py", *TINY, "trainer.max_steps=6", "trainer.max_epochs=-1", "data.simulator.masks.p=1.0",
+        f"+callbacks.every_2={{_target_:lightning.pytorch.callbacks.ModelCheckpoint,dirpath:{out}/steps,"
+        f"every_n_train_steps:2,save_top_k:-1,filename:'s{{step}}',auto_insert_metric_name:false}}", out=out)
+    return out
+
+
+def test_training_writes_checkpoints_config_and_a_test_table(trained):
+    ckpts = {p.name for p in (trained / "checkpoints").glob("*.ckpt")}
+    assert "last.ckpt" in ckpts and any(c.startswith("best-") for c in ckpts)
+    assert (trained / ".hydra" / "config.yaml").is_file()  # the composed config beside the run
+    best = torch.load(next((trained / "checkpoints").glob("best-*.ckpt")), weights_only=True)
+    assert best["cassi"]["geometry"] == {"offsets": [0.0, 2.0, 4.0, 6.0, 8.0, 10.0], "axis": "w", "bands": 6}
+    callbacks = {k: v for k, v in best["callbacks"].items() if k.startswith("ModelCheckpoint{'monitor': 'val/psnr'")}
+    assert callbacks, "the best checkpoint is chosen on val/psnr"
+    rows = json.loads((trained / "test_results.json").read_text())["scenes"]
+    assert [r["name"] for r in rows] == ["synthetic_2000000", "synthetic_2000001"] and all("psnr" in r for r in rows)
+    metrics = (trained / "logs" / "version_0" / "metrics.csv").read_text().splitlines()[0]
+    assert {"train/loss", "val/psnr", "val/ssim", "val/sam", "val/psnr_table", "lr-Adam"} <= set(metrics.split(","))
+
+
+def test_resume_continues_steps_optimizer_and_schedule(trained, tmp_path):
+    """Resuming from the step-4 checkpoint ends where the uninterrupted run ended: same step, same weights."""
+    run("train.py", *TINY, "trainer.max_steps=6", "trainer.max_epochs=-1", "data.simulator.masks.p=1.0",
+        f"ckpt_path={trained}/steps/s4.ckpt", out=tmp_path)
+    full = torch.load(trained / "checkpoints" / "last.ckpt", weights_only=True)
+    resumed = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert resumed["global_step"] == full["global_step"] == 6
+    assert resumed["lr_schedulers"][0]["last_epoch"] == full["lr_schedulers"][0]["last_epoch"] == 6
+    for k, v in full["state_dict"].items():
+        assert torch.allclose(resumed["state_dict"][k], v, atol=1e-6), k
+    steps = [int(line.split(",")[2]) for line in
+             (tmp_path / "logs" / "version_0" / "metrics.csv").read_text().splitlines()[1:] if line.split(",")[2]]
+    assert min(steps) == 4  # the resumed run logged only the steps after the checkpoint (0-based: 4, 5)
+
+
+def test_checkpoint_loads_from_its_path_alone_and_reconstructs_the_same(trained):
+    from cassi.lightning import TrainingModule
+
+    path = trained / "checkpoints" / "last.ckpt"
+    model = load_model(path)
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[o for o in TINY if o.startswith(("model", "bands"))])
+    module = TrainingModule(instantiate(cfg.model), instantiate(cfg.operator, _partial_=True))
+    module.load_state_dict(torch.load(path, weights_only=True)["state_dict"])
+    op = CASSI((torch.rand(2, 1, 16, 20) > 0.5).float(), bands=6, step=2)
+    y = op(torch.rand(2, 6, 16, 20))
+    with torch.no_grad():
+        assert torch.equal(model(op, y), module.reconstructor.eval()(op, y))
+
+
+def test_evaluate_accepts_a_checkpoint(trained, tmp_path):
+    ckpt = trained / "checkpoints" / "last.ckpt"
+    run("evaluate.py", f"ckpt={ckpt}", "bands=6", "data.test.n=2", "data.test.height=24", "data.test.width=20",
+        "trainer=cpu", out=tmp_path)
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert len(res["scenes"]) == 2 and all(np.isfinite(s["psnr"]) for s in res["scenes"])
+    assert str(ckpt) in (tmp_path / "results.md").read_text()
+
+
+def test_pnp_with_a_trained_prior(trained, tmp_path):
+    run("evaluate.py", "solver=pnp_trained", f"solver.denoiser.path={trained}/checkpoints/last.ckpt", "bands=6",
+        "solver.iters=3", "data.test.n=1", "data.test.height=16", "data.test.width=16", "trainer=cpu", out=tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text())["scenes"][0]["iterations"] == 3
+
+
+@pytest.mark.parametrize("case", ["missing", "junk", "geometry", "bands"])
+def test_bad_checkpoints_fail_before_any_work(trained, tmp_path, case):
+    junk = tmp_path / "junk.ckpt"
+    junk.write_text("not a checkpoint")
+    ckpt, extra, message = {
+        "missing": (tmp_path / "none.ckpt", [], "none.ckpt does not exist"),
+        "junk": (junk, [], "junk.ckpt is not a cassi checkpoint"),
+        "geometry": (trained / "checkpoints" / "last.ckpt", ["bands=6", "operator.step=1"],
+                     "was trained for dispersion offsets [0, 2, …, 10] (6 bands) along 'w', but the operator has "
+                     "offsets [0, 1, …, 5]"),
+        "bands": (trained / "checkpoints" / "last.ckpt", [], "reconstructs 6 bands but the operator has 28"),
+    }[case]
+    r = run("evaluate.py", f"ckpt={ckpt}", *extra, "trainer=cpu", out=tmp_path / "out", ok=False)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_unknown_model_name_is_a_clear_error(tmp_path):
+    r = run("train.py", "model=nonet", out=tmp_path, ok=False)
+    assert r.returncode != 0 and "Could not find 'model/nonet'" in r.stderr and "gapnet" in r.stderr
+
+
+def _cube_tree(root: Path, bands: int = 28, size: int = 40) -> None:
+    """The data/cave_kaist layout with tiny random cubes and a mask."""
+    g = np.random.default_rng(0)
+    for split, n in (("train", 2), ("val", 1), ("test", 1)):
+        (root / "cave_kaist" / split).mkdir(parents=True)
+        for i in range(n):
+            save_cube(root / "cave_kaist" / split / f"{split}{i}.h5", g.random((bands, size, size), np.float32))
+    save_mask(root / "cave_kaist" / "mask_256.mat", (g.random((size, size)) > 0.5).astype(np.float32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_fast_dev_run_of_every_experiment(experiment, tmp_path, shared_data):
+    small = {"gapnet": ["model.width=4", "model.depth=2"], "admmnet": ["model.width=4", "model.depth=2"],
+             "dauhst": ["model.dim=4", "model.window=4"]}
+    family = next(k for k in small if k in experiment or (experiment == "tiny_cpu" and k == "gapnet"))
+    overrides = [f"experiment={experiment}", "model.stages=2", *small[family], "trainer.fast_dev_run=2",
+                 "trainer.accelerator=cpu", "trainer.devices=1", "data.batch_size=2", "data.num_workers=0",
+                 "data.pin_memory=false", "data.train.patch_size=32", "data.val.crop_to=32",
+                 f"paths.shared_data={shared_data}", f"paths.data_dir={tmp_path / 'data'}"]
+    if experiment != "tiny_cpu":
+        _cube_tree(tmp_path / "data")
+        overrides.append("data.test.crop_to=32")
+    r = run("train.py", *overrides, out=tmp_path / "run")
+    assert "Running in `fast_dev_run` mode" in r.stdout + r.stderr
+    assert (tmp_path / "run" / "test_results.json").is_file()
+
+
+@pytest.mark.slow
+def test_ddp_training_on_two_cpu_processes(tmp_path):
+    r = run("train.py", *TINY, "trainer=ddp", "trainer.max_steps=2", "trainer.max_epochs=-1", out=tmp_path)
+    assert "MEMBER: 2/2" in r.stdout + r.stderr  # Lightning started a second rank
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 2 and ckpt["cassi"]["geometry"]["bands"] == 6
+    assert len(json.loads((tmp_path / "test_results.json").read_text())["scenes"]) == 2
+
+
+@pytest.mark.parametrize("group,option", [(g, p.stem) for g in ("logger", "callbacks", "trainer")
+                                          for p in sorted((CONF / g).glob("*.yaml"))])
+def test_every_training_config_composes_and_instantiates(group, option, tmp_path):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[f"{group}={option}", f"paths.output_dir={tmp_path}"])
+    made = instantiate(cfg[group])
+    assert made is not None
+
+
+def test_warmup_cosine_schedule():
+    from cassi.lightning import warmup_cosine
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = warmup_cosine(opt, total_steps=12, warmup_steps=2, min_lr=0.1)
+    lrs = []
+    for _ in range(12):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:3] == pytest.approx([0.5, 1.0, 1.0])
+    assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))  # then non-increasing ...
+    assert lrs[-1] > 0.1 and opt.param_groups[0]["lr"] == pytest.approx(0.1)  # ... to min_lr at total_steps
