@@ -1,0 +1,118 @@
+"""Parameters, FLOPs and training cost of the model configs (conf/benchmark_models.yaml).
+
+    python scripts/benchmark_models.py                       # every conf/model config on this CPU
+    python scripts/benchmark_models.py device=cuda train_size=256 train_batch=4 precision=[32,bf16] checkpointing=[false,true]
+FLOPs: one forward pass at flops_size² × bands, batch 1, counted by torch.utils.flop_counter.FlopCounterMode
+(convolutions, matmuls and attention; a multiply-add counts 2; the operator's elementwise work is not
+counted). Training: samples/s over ``steps`` Adam steps after one warm-up step, and peak memory (CUDA:
+max allocated; CPU: the growth of the process's peak RSS, measured in a fresh process per row).
+Writes benchmark_models.{md,json} in the output folder.
+"""
+import json
+import multiprocessing as mp
+import resource
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from hydra import compose
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.flop_counter import FlopCounterMode
+
+from cassi import CASSI
+from cassi.io import write_text_atomic
+
+
+def model_spec(name: str, bands: int) -> dict:
+    """conf/model/<name>.yaml at ``bands`` bands, resolved to a plain dict (picklable for the child process)."""
+    return OmegaConf.to_container(compose("train", overrides=[f"model={name}", f"bands={bands}"]).model, resolve=True)
+
+
+def problem(batch: int, bands: int, size: int, device: str):
+    g = torch.Generator().manual_seed(0)
+    op = CASSI((torch.rand(batch, 1, size, size, generator=g) > 0.5).float(), bands=bands, step=2).to(device)
+    x = torch.rand(batch, bands, size, size, generator=g).to(device)
+    return op, x, op(x)
+
+
+def measure(row: dict, queue) -> None:
+    """Runs in a fresh process: training throughput and peak memory of one (model, precision, checkpointing)."""
+    torch.set_num_threads(row["threads"])
+    dev = row["device"]
+    model = instantiate({**row["spec"], "checkpointing": row["checkpointing"]}).to(dev)
+    op, x, y = problem(row["train_batch"], row["bands"], row["train_size"], dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    dtype = torch.bfloat16 if row["precision"] == "bf16" else None
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if dev == "cuda" else 0
+    for i in range(row["steps"] + 1):
+        if i == 1:
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        with torch.autocast(dev, dtype=dtype, enabled=dtype is not None):
+            loss = (model(op, y) - x).abs().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - t0) / row["steps"]
+    peak = (torch.cuda.max_memory_allocated() - base if dev == "cuda"
+            else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024)
+    queue.put({"samples_per_s": row["train_batch"] / seconds, "step_s": seconds, "peak_memory_mb": peak / 2**20})
+
+
+def markdown(rows: list[dict], cfg) -> str:
+    head = (f"# Model configs: size and training cost\n\ntorch {torch.__version__}, device {cfg.device}"
+            f"{'' if cfg.device != 'cpu' else f', {cfg.threads} threads'}; FLOPs of one forward pass at "
+            f"{cfg.flops_size}²×{cfg.bands} (FlopCounterMode, multiply-add = 2 FLOPs); training at batch "
+            f"{cfg.train_batch} × {cfg.bands} × {cfg.train_size}², mean of {cfg.steps} Adam steps after one warm-up\n\n")
+    lines = ["| model | stages | parameters (M) | GFLOPs | precision | checkpointing | samples/s | peak memory (MB) |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['stages']} | {r['params'] / 1e6:.2f} | {r['gflops']:.1f} | {r['precision']} | "
+              f"{'yes' if r['checkpointing'] else 'no'} | {r['samples_per_s']:.2f} | {r['peak_memory_mb']:.0f} |"
+              for r in rows]
+    return head + "\n".join(lines) + "\n"
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark_models")
+def main(cfg: DictConfig) -> None:
+    torch.set_num_threads(cfg.threads)
+    ctx, rows = mp.get_context("spawn"), []
+    for name in cfg.models:
+        spec = model_spec(name, cfg.bands)
+        model = instantiate(spec)
+        op, _, y = problem(1, cfg.bands, cfg.flops_size, "cpu")
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(op, y)
+        size = {"model": name, "stages": model.stages, "params": sum(p.numel() for p in model.parameters()),
+                "gflops": counter.get_total_flops() / 1e9}
+        for precision in cfg.precision:
+            for ckpt in cfg.checkpointing:
+                row = {**size, "precision": str(precision), "checkpointing": bool(ckpt), "device": cfg.device,
+                       "bands": cfg.bands, "threads": cfg.threads, "train_size": cfg.train_size,
+                       "train_batch": cfg.train_batch, "steps": cfg.steps, "spec": spec}
+                queue = ctx.Queue()
+                proc = ctx.Process(target=measure, args=(row, queue))
+                proc.start()
+                result = queue.get()
+                proc.join()
+                rows.append({**{k: v for k, v in row.items() if k != "spec"}, **result})
+                print(f"{name}: {row['params'] / 1e6:.2f} M, {row['gflops']:.1f} GFLOPs, {precision}, "
+                      f"checkpointing {ckpt}: {result['samples_per_s']:.2f} samples/s, "
+                      f"peak {result['peak_memory_mb']:.0f} MB", flush=True)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md = markdown(rows, cfg)
+    write_text_atomic(out / "benchmark_models.md", md)
+    write_text_atomic(out / "benchmark_models.json", json.dumps(rows, indent=1))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
