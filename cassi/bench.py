@@ -1,15 +1,18 @@
 """Operator benchmark: every backend vs. the memory floor and the seed loop, in one run.
 
-For each case (B, C, H, W, step) and backend it times A, Aᵀ and A then Aᵀ
-(median of ``repeats`` after ``warmup``), once with fresh outputs and once
-with caller-given ``out=`` buffers. In the same run it times
+For each case (B, C, H, W, step) and backend it times A, Aᵀ, A then Aᵀ and the data step
+z + Aᵀ((y − A z) ⊘ (Φ + ρ)) (median of ``repeats`` after ``warmup``), once with fresh outputs
+and once with caller-given ``out=`` buffers (the data step has no ``out=``). In the same run it times
 
-* the **copy floor**: ``dst.copy_(src)`` of an x-sized buffer, once per map
-  (each map must at least stream x: read it for A, write it for Aᵀ);
+* the **copy floor** of each map: ``dst.copy_(src)`` of a buffer of half the bytes the map must
+  move, so that the copy reads + writes exactly those bytes (``bytes_moved``): A reads x and the
+  mask and writes y; Aᵀ reads y and the mask and writes x; A then Aᵀ is both; the data step reads
+  z, y and the mask and writes x;
 * the **seed loop**: the seed's method 1 (the ``loop`` backend) with fresh outputs;
 
-and reports ratios to both, plus the peak extra resident memory of A with a
-fresh output (measured in a child process from VmHWM).
+and reports ratios to both, plus the peak extra resident memory of A with a fresh output
+(measured in a child process from VmHWM). ``scaling`` sweeps A then Aᵀ over bands, sizes and
+batch against bytes moved.
 """
 from __future__ import annotations
 
@@ -26,7 +29,19 @@ from cassi import CASSI
 from cassi.backends import UnsupportedGeometry
 from cassi.backends.base import empty
 
-MAPS = ("A", "At", "A+At")
+MAPS = ("A", "At", "A+At", "step")
+RHO = 0.1  # ρ of the benchmarked data step
+FLOOR = ("× floor = time / time of a copy that reads + writes the bytes the map must move: "
+         "A and Aᵀ |x| + |y| + |M|, A then Aᵀ twice that, data step 2|x| + |y| + |M|")
+
+
+def bytes_moved(map_: str, x_bytes: int, y_bytes: int, mask_bytes: int) -> int:
+    """The least bytes a map must move (read + write), given the bytes of x, y and the stored mask:
+    A reads x and M and writes y; Aᵀ reads y and M and writes x; A then Aᵀ does both; the data step
+    reads z, y and M and writes x."""
+    one = x_bytes + y_bytes + mask_bytes
+    return {"A": one, "At": one, "A+At": 2 * one, "step": 2 * x_bytes + y_bytes + mask_bytes}[map_]
+
 
 
 @dataclass
@@ -40,6 +55,8 @@ class Row:
     x_floor_out: float
     x_seed_fresh: float
     peak_extra_mb: float | None = None
+    mb_moved: float | None = None  # the map's bytes (bytes_moved) in MB
+    gb_s_out: float | None = None  # mb_moved / ms (out=): the achieved bandwidth
 
 
 def _median_ms(fn, repeats: int, warmup: int, sync) -> float:
@@ -70,11 +87,25 @@ def _setup(case: dict, backend: str, device: str, dtype: torch.dtype):
 
 
 def _maps(op, x, y, out_y=None, out_x=None):
-    return {
+    fns = {
         "A": lambda: op(x, out=out_y),
         "At": lambda: op.adjoint(y, out=out_x),
         "A+At": lambda: op.adjoint(op(x, out=out_y), out=out_x),
     }
+    if out_y is None:
+        fns["step"] = lambda: op.data_step(x, y, RHO)
+    return fns
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def copy_floor_ms(nbytes: int, repeats: int, warmup: int, device: str, sync) -> float:
+    """Median ms of a copy that reads nbytes/2 and writes nbytes/2 (read + write = nbytes)."""
+    src = torch.rand(max(1, nbytes // 8), device=device)
+    dst = torch.zeros_like(src)
+    return _median_ms(lambda: dst.copy_(src), repeats, warmup, sync)
 
 
 def run_case(case: dict, backends, repeats=10, warmup=2, device="cpu", dtype=torch.float32, peak_memory=True):
@@ -82,11 +113,11 @@ def run_case(case: dict, backends, repeats=10, warmup=2, device="cpu", dtype=tor
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     seed_op, x = _setup(case, "loop", device, dtype)
     y = seed_op(x)
-    src, dst = torch.rand_like(x), torch.empty_like(x)
-    copy_ms = _median_ms(lambda: dst.copy_(src), repeats, warmup, sync)
-    floor = {"A": copy_ms, "At": copy_ms, "A+At": 2 * copy_ms}
+    moved = {k: bytes_moved(k, _nbytes(x), _nbytes(y), _nbytes(seed_op.mask)) for k in MAPS}
+    floor = {k: copy_floor_ms(moved[k], repeats, warmup, device, sync) for k in MAPS}
     seed = {k: _median_ms(f, repeats, warmup, sync) for k, f in _maps(seed_op, x, y).items()}
-    rows = [Row(case["name"], "copy floor", k, floor[k], floor[k], 1.0, 1.0, seed[k] / floor[k]) for k in MAPS]
+    rows = [Row(case["name"], "copy floor", k, floor[k], floor[k], 1.0, 1.0, seed[k] / floor[k], None,
+                moved[k] / 1e6, moved[k] / 1e6 / floor[k]) for k in MAPS]
     for name in backends:
         try:
             op, _ = _setup(case, name, device, dtype)
@@ -98,10 +129,12 @@ def run_case(case: dict, backends, repeats=10, warmup=2, device="cpu", dtype=tor
         out_y, out_x = empty(y.shape, y), empty(x.shape, x)
         out_y.zero_(), out_x.zero_()  # touch the pages once, as a reused buffer would be
         given = {k: _median_ms(f, repeats, warmup, sync) for k, f in _maps(op, x, y, out_y, out_x).items()}
+        given["step"] = math.nan  # no out= for the data step
         peak = peak_forward_mb(case, name, device, dtype) if peak_memory and device == "cpu" else None
         for k in MAPS:
+            best = fresh[k] if math.isnan(given[k]) else given[k]
             rows.append(Row(case["name"], name, k, fresh[k], given[k], fresh[k] / floor[k], given[k] / floor[k],
-                            seed[k] / fresh[k], peak if k == "A" else None))
+                            seed[k] / fresh[k], peak if k == "A" else None, moved[k] / 1e6, moved[k] / 1e6 / best))
         print(f"  {case['name']}: {name} A+At {fresh['A+At']:.1f} ms fresh, {given['A+At']:.1f} ms out=", file=sys.stderr)
     return rows
 
@@ -137,19 +170,102 @@ def peak_forward_mb(case: dict, backend: str, device="cpu", dtype=torch.float32)
     return json.loads(r.stdout.strip().splitlines()[-1])["extra_mb"]
 
 
+def _f(v, fmt=".2f") -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
 def markdown(rows: list[Row], threads: int, device: str) -> str:
     lines = [
-        f"threads: {threads}, device: {device}. ms = median; × floor = time / copy floor; "
-        "× seed = seed loop (fresh) / this (fresh); peak = extra resident MB during A with a fresh output.",
+        f"threads: {threads}, device: {device}. ms = median; {FLOOR}; × seed = seed loop (fresh) / this (fresh); "
+        "GB/s = bytes moved / ms (out=, fresh for the data step); peak = extra resident MB during A with a fresh output.",
         "",
-        "| case | backend | map | ms (fresh) | ms (out=) | × floor (fresh) | × floor (out=) | × seed loop | peak extra MB (A) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| case | backend | map | MB moved | ms (fresh) | ms (out=) | × floor (fresh) | × floor (out=) | × seed loop "
+        "| GB/s | peak extra MB (A) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        peak = "" if r.peak_extra_mb is None else f"{r.peak_extra_mb:.1f}"
-        lines.append(f"| {r.case} | {r.backend} | {r.map} | {r.ms_fresh:.2f} | {r.ms_out:.2f} | "
-                     f"{r.x_floor_fresh:.2f} | {r.x_floor_out:.2f} | {r.x_seed_fresh:.2f} | {peak} |")
+        lines.append(f"| {r.case} | {r.backend} | {r.map} | {_f(r.mb_moved, '.1f')} | {_f(r.ms_fresh)} | {_f(r.ms_out)} | "
+                     f"{_f(r.x_floor_fresh)} | {_f(r.x_floor_out)} | {_f(r.x_seed_fresh)} | {_f(r.gb_s_out, '.1f')} | "
+                     f"{_f(r.peak_extra_mb, '.1f')} |")
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- scaling
+SWEEPS = {"bands": (8, 16, 28, 64, 128, 256, 512), "size": (64, 128, 256, 512, 1024, 2048),
+          "batch": (1, 2, 4, 8, 16, 32)}
+SCALING_BASE = {"batch": 4, "bands": 28, "height": 256, "width": 256, "step": 2}
+
+
+def scaling(backend: str = "auto", sweeps: dict = SWEEPS, base: dict = SCALING_BASE, repeats: int = 5,
+            warmup: int = 1, device: str = "cpu", dtype=torch.float32, max_x_gb: float = 2.0) -> list[dict]:
+    """A then Aᵀ (``out=`` buffers) of ``backend`` over one-axis sweeps around ``base``: per point the
+    bytes moved (``bytes_moved``), ms, the copy floor of those bytes (same run), × floor and GB/s.
+    Points whose x exceeds ``max_x_gb`` are skipped."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    rows = []
+    for sweep, values in sweeps.items():
+        for v in values:
+            case = dict(base, name=f"{sweep}={v}")
+            case.update({"height": v, "width": v} if sweep == "size" else {sweep: v})
+            x_bytes = case["batch"] * case["bands"] * case["height"] * case["width"] * torch.finfo(dtype).bits // 8
+            if x_bytes > max_x_gb * 1e9:
+                print(f"  scaling: skipping {case['name']} (x would be {x_bytes / 1e9:.1f} GB)", file=sys.stderr)
+                continue
+            op, x = _setup(case, backend, device, dtype)
+            y = empty((case["batch"], *op.y_shape), x).zero_()
+            xo = empty(x.shape, x).zero_()
+            ms = _median_ms(lambda: op.adjoint(op(x, out=y), out=xo), repeats, warmup, sync)
+            chosen = op.backend.choice(x, op.mask, op.geometry).name if hasattr(op.backend, "choice") else backend
+            moved = bytes_moved("A+At", x_bytes, _nbytes(y), _nbytes(op.mask))
+            del op, x, y, xo
+            floor = copy_floor_ms(moved, repeats, warmup, device, sync)
+            rows.append({"sweep": sweep, **{k: case[k] for k in ("batch", "bands", "height", "width", "step")},
+                         "backend": chosen, "mb_moved": moved / 1e6, "ms": ms, "floor_ms": floor,
+                         "x_floor": ms / floor, "gb_s": moved / 1e6 / ms, "floor_gb_s": moved / 1e6 / floor})
+            print(f"  scaling {case['name']}: {ms:.2f} ms, {rows[-1]['gb_s']:.1f} GB/s ({chosen}), "
+                  f"floor {rows[-1]['floor_gb_s']:.1f} GB/s", file=sys.stderr)
+    return rows
+
+
+def scaling_markdown(rows: list[dict], threads: int, device: str) -> str:
+    lines = [f"threads: {threads}, device: {device}. A then Aᵀ with out= buffers; MB moved = 2(|x| + |y| + |M|); "
+             "floor = a copy moving the same bytes, same run.", "",
+             "| sweep | B | C | H×W | backend | MB moved | ms | GB/s | floor GB/s | × floor |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['sweep']} | {r['batch']} | {r['bands']} | {r['height']}² | {r['backend']} | "
+                     f"{r['mb_moved']:.1f} | {r['ms']:.2f} | {r['gb_s']:.1f} | {r['floor_gb_s']:.1f} | {r['x_floor']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def scaling_plot(rows: list[dict], path, title: str = "") -> None:
+    """Two panels against bytes moved: time (log-log) and GB/s, per sweep, with the copy floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for sweep, marker in zip(SWEEPS, "osd"):
+        pts = sorted((r for r in rows if r["sweep"] == sweep), key=lambda r: r["mb_moved"])
+        if not pts:
+            continue
+        mb = [r["mb_moved"] for r in pts]
+        line = ax_t.plot(mb, [r["ms"] for r in pts], marker=marker, label=f"A then Aᵀ, sweep {sweep}")[0]
+        ax_t.plot(mb, [r["floor_ms"] for r in pts], ls=":", color=line.get_color(), lw=1)
+        ax_b.plot(mb, [r["gb_s"] for r in pts], marker=marker, color=line.get_color(), label=f"sweep {sweep}")
+        ax_b.plot(mb, [r["floor_gb_s"] for r in pts], ls=":", color=line.get_color(), lw=1)
+    ax_t.set(xscale="log", yscale="log", xlabel="MB moved (read + write)", ylabel="ms",
+             title="time (dotted: copy of the same bytes)")
+    ax_b.set(xscale="log", xlabel="MB moved (read + write)", ylabel="GB/s", ylim=(0, None),
+             title="bytes per second (flat = time ∝ bytes)")
+    ax_t.legend(fontsize=8)
+    ax_b.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def to_json(rows: list[Row]) -> str:

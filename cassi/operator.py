@@ -80,6 +80,32 @@ class _Apply(torch.autograd.Function):
         return _Apply.apply(grad, ctx.op, not ctx.adjoint), None, None
 
 
+class _DataStep(torch.autograd.Function):
+    """x = z + Aᵀ(w ⊙ (y − A z)) through the backend's fused step. Its backward is the same step
+    on the gradient: with y = 0 it gives x' = g − Aᵀ(w ⊙ A g) = ∂L/∂z and u' = −A g, hence
+    ∂L/∂y = w ⊙ A g and ∂L/∂w = (A g) ⊙ (y − A z)."""
+
+    @staticmethod
+    def forward(ctx, z, y, w, op):
+        x, u = op._step(z, y, w)
+        ctx.op = op
+        ctx.save_for_backward(z, y, w, u)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        op, (z, y, w, u) = ctx.op, ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: differentiable maps, u recomputed from z and y
+            ag = op(g)
+            gz, u = g - op.adjoint(ag * w), y - op(z)
+        else:
+            gz, ag = op._step(g, torch.zeros_like(y), w)
+            ag = ag.neg_()
+        gy = ag * w if ctx.needs_input_grad[1] else None
+        gw = (ag * u).sum_to_size(w.shape) if ctx.needs_input_grad[2] else None
+        return gz, gy, gw, None
+
+
 class CASSI(nn.Module):
     """Single-disperser CASSI forward model with swappable backends.
 
@@ -168,7 +194,7 @@ class CASSI(nn.Module):
     def _check(self, t: torch.Tensor, name: str, shape: tuple[int, ...], out: torch.Tensor | None):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        what = "a cube (B, C, H, W)" if name == "x" else "a measurement (B, 1, H', W')"
+        what = "a cube (B, C, H, W)" if shape == self.x_shape else "a measurement (B, 1, H', W')"
         if t.ndim != 4 or tuple(t.shape[1:]) != shape:
             raise ValueError(f"{name} must be {what} with (C, H, W)={shape}, got shape {tuple(t.shape)}")
         if t.dtype != self.mask.dtype or t.device != self.mask.device:
@@ -199,12 +225,16 @@ class CASSI(nn.Module):
             r = self.backend.forward(self._t(t), m, self.geometry, o)
         return out if out is not None else self._t(r)
 
+    @staticmethod
+    def _check_out(t, out, shape_out):
+        want = (t.shape[0], *shape_out)
+        if tuple(out.shape) != want:
+            raise ValueError(f"out must have shape {want}, got {tuple(out.shape)}")
+
     def _map(self, t, adjoint: bool, out, name: str, shape_in, shape_out):
         self._check(t, name, shape_in, out)
         if out is not None:
-            want = (t.shape[0], *shape_out)
-            if tuple(out.shape) != want:
-                raise ValueError(f"out must have shape {want}, got {tuple(out.shape)}")
+            self._check_out(t, out, shape_out)
             return self._run(t, adjoint, out)
         if torch.is_grad_enabled() and t.requires_grad:
             return _Apply.apply(t, self, adjoint)
@@ -222,19 +252,50 @@ class CASSI(nn.Module):
     def pinv(self, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """A⁺ y = Aᵀ(y ⊘ Φ), 0 where Φ = 0: (B, 1, H, W+Δ) -> (B, C, H, W)."""
         self._check(y, "y", self.y_shape, out)
+        if not (torch.is_grad_enabled() and y.requires_grad):  # a fused kernel where the backend has one
+            if out is not None:
+                self._check_out(y, out, self.x_shape)
+            x = self.backend.pinv(self._t(y), self._t(self.phi_inv), self._t(self.mask), self.geometry,
+                                  None if out is None else self._t(out))
+            if x is not None:
+                return out if out is not None else self._t(x)
         return self.adjoint(y * self.phi_inv, out=out)
 
-    def data_step(self, z: torch.Tensor, y: torch.Tensor, rho: float | torch.Tensor = 0.0) -> torch.Tensor:
-        """argmin_x ½‖Ax − y‖² + ρ/2‖x − z‖² = z + Aᵀ((y − A z) ⊘ (Φ + ρ)).
+    def _weights(self, rho) -> torch.Tensor:
+        """w = 1/(Φ + ρ), 0 where Φ + ρ = 0 (differentiable in ρ): (1 or B, 1, H, W+Δ)."""
+        if not isinstance(rho, torch.Tensor) and rho == 0:
+            return self.phi_inv
+        t = self.phi + rho
+        pos = t > 0
+        return torch.where(pos, 1 / torch.where(pos, t, 1.0), 0.0).to(self.phi.dtype)
 
-        ρ = 0 is the GAP projection onto {A x = y} (0 where Φ = 0). ρ may be a tensor that
-        broadcasts against (B, 1, 1, 1) (per-sample, learned; autograd flows into it). Exact for integer
-        offsets; a majorised step for fractional ones. (B, C, H, W) -> (B, C, H, W).
+    def _step(self, z, y, w):
+        """(z + Aᵀ(w ⊙ u), u = y − A z): the backend's fused step, or composed from A and Aᵀ."""
+        r = self.backend.data_step(self._t(z), self._t(y), self._t(w), self._t(self.mask), self.geometry)
+        if r is not None:
+            return self._t(r[0]), self._t(r[1])
+        u = y - self._run(z, False, None)
+        return z + self._run(u * w, True, None), u
+
+    def data_step(self, z: torch.Tensor, y: torch.Tensor, rho: float | torch.Tensor = 0.0) -> torch.Tensor:
+        """argmin_x ½‖Ax − y‖² + ρ/2‖x − z‖² = z + Aᵀ((y − A z) ⊘ (Φ + ρ)), 0-weighted where Φ + ρ = 0.
+
+        ρ = 0 is the GAP projection onto {A x = y}. ρ may be a tensor that broadcasts against
+        (B, 1, 1, 1) (per-sample, learned; autograd flows into it). Exact for integer offsets; a
+        majorised step for fractional ones. Backends with a fused step (``strided``, ``triton``)
+        compute it in one pass over x. (B, C, H, W), (B, 1, H, W+Δ) -> (B, C, H, W).
         """
-        r = y - self.forward(z)
-        zero = not isinstance(rho, torch.Tensor) and rho == 0  # a tensor ρ (learned, per sample) divides
-        r = r * self.phi_inv if zero else r / (self.phi + rho)
-        return z + self.adjoint(r)
+        self._check(z, "z", self.x_shape, None)
+        self._check(y, "y", self.y_shape, None)
+        if y.shape[0] != z.shape[0]:
+            raise ValueError(f"z has batch {z.shape[0]} but y has batch {y.shape[0]}")
+        w = self._weights(rho)
+        fused = type(self.backend).data_step is not Backend.data_step
+        if fused and torch.broadcast_shapes(w.shape, y.shape) == y.shape:
+            if torch.is_grad_enabled() and (z.requires_grad or y.requires_grad or w.requires_grad):
+                return _DataStep.apply(z, y, w, self)
+            return self._step(z, y, w)[0]
+        return z + self.adjoint((y - self.forward(z)) * w)
 
     def norm(self) -> float:
         """‖A‖₂ (largest singular value). Exact for integer offsets: sqrt(max Φ);

@@ -90,5 +90,11 @@ class AutoBackend(Backend):
     def adjoint(self, y, mask, g, out=None):
         return self.choice(y, mask, g, adjoint=True).adjoint(y, mask, g, out)
 
+    def data_step(self, z, y, w, mask, g):
+        return self.choice(z, mask, g).data_step(z, y, w, mask, g)
+
+    def pinv(self, y, w, mask, g, out=None):
+        return self.choice(y, mask, g, adjoint=True).pinv(y, w, mask, g, out)
+
     def __repr__(self):
         return f"AutoBackend(candidates={[c.name for c in self.candidates]})"

@@ -65,6 +65,8 @@ class Backend:
     Subclasses implement ``_forward(x, mask, g)`` and ``_adjoint(y, mask, g)``
     returning fresh tensors, or override ``forward``/``adjoint`` to write into
     a caller-given ``out`` directly. ``check`` raises ``UnsupportedGeometry``.
+    Optional hooks ``data_step`` and ``pinv`` fuse the solvers' hot spots; the
+    defaults return None and the operator composes them from the two kernels.
     """
 
     name = "base"
@@ -77,6 +79,16 @@ class Backend:
 
     def adjoint(self, y, mask, g: Geometry, out=None):
         return _emit(self._adjoint(y, mask, g), out)
+
+    def data_step(self, z, y, w, mask, g: Geometry):
+        """Fused data step, or None where this backend has none (the operator then composes it):
+        (x, u) with u = y − A z (B, 1, H, W') and x = z + Aᵀ(w ⊙ u) (B, C, H, W); w broadcasts
+        to y's shape (the operator passes w = 1/(Φ + ρ), 0 where Φ + ρ = 0)."""
+        return None
+
+    def pinv(self, y, w, mask, g: Geometry, out=None):
+        """Fused Aᵀ(w ⊙ y) (B, 1, H, W') -> (B, C, H, W), or None where this backend has none."""
+        return None
 
     def _forward(self, x, mask, g):  # pragma: no cover - interface
         raise NotImplementedError

@@ -1,0 +1,57 @@
+"""The benchmark's floor: the bytes each map must move, and a copy that moves exactly those."""
+import pytest
+import torch
+
+from cassi import bench
+
+# the seed case B16 C28 256² step 2, float32, one 2-D mask
+X, Y, M = 16 * 28 * 256 * 256 * 4, 16 * 256 * (256 + 54) * 4, 256 * 256 * 4
+
+
+def test_bytes_moved_per_map():
+    """A reads x and the mask and writes y; Aᵀ reads y and the mask and writes x; A then Aᵀ both;
+    the data step reads z, y and the mask and writes x."""
+    assert bench.bytes_moved("A", X, Y, M) == 117_440_512 + 5_079_040 + 262_144 == 122_781_696
+    assert bench.bytes_moved("At", X, Y, M) == 122_781_696
+    assert bench.bytes_moved("A+At", X, Y, M) == 2 * 122_781_696
+    assert bench.bytes_moved("step", X, Y, M) == 2 * 117_440_512 + 5_079_040 + 262_144
+    with pytest.raises(KeyError):
+        bench.bytes_moved("A x", X, Y, M)
+
+
+def test_copy_floor_moves_the_maps_bytes(monkeypatch):
+    """The floor copies a buffer of half the bytes: read + write = the map's bytes (to 8 bytes)."""
+    seen = []
+    real = bench._median_ms
+
+    def spy(fn, repeats, warmup, sync):
+        seen.append(fn())  # the copy's destination
+        return real(fn, 1, 0, sync)
+
+    monkeypatch.setattr(bench, "_median_ms", spy)
+    for n in (bench.bytes_moved("A", X, Y, M), 1000, 12):
+        bench.copy_floor_ms(n, 1, 0, "cpu", lambda: None)
+        assert n - 8 < 2 * seen[-1].numel() * seen[-1].element_size() <= n
+
+
+def test_run_case_rows_carry_the_floor(monkeypatch):
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, *a: (fn(), 2.0)[1])  # every timing 2 ms: no clock involved
+    case = {"name": "tiny", "batch": 2, "bands": 3, "height": 4, "width": 5, "step": 2}
+    rows = bench.run_case(case, ["strided"], repeats=1, warmup=0, peak_memory=False)
+    x, y, m = 2 * 3 * 4 * 5 * 4, 2 * 4 * 9 * 4, 4 * 5 * 4
+    for r in rows:
+        assert r.mb_moved == pytest.approx(bench.bytes_moved(r.map, x, y, m) / 1e6)
+        assert r.x_floor_fresh == pytest.approx(1.0)
+    assert {(r.backend, r.map) for r in rows} == {(b, k) for b in ("copy floor", "strided") for k in bench.MAPS}
+    md = bench.markdown(rows, 2, "cpu")
+    assert "A and Aᵀ |x| + |y| + |M|" in md and md.count("| tiny |") == len(rows)
+
+
+def test_scaling_rows_and_plot(tmp_path):
+    rows = bench.scaling("strided", {"bands": (2, 3)}, {"batch": 1, "bands": 2, "height": 8, "width": 8, "step": 1},
+                         repeats=1, warmup=0)
+    assert [r["bands"] for r in rows] == [2, 3]
+    assert rows[1]["mb_moved"] == pytest.approx(bench.bytes_moved("A+At", 3 * 64 * 4, 8 * 10 * 4, 64 * 4) / 1e6)
+    bench.scaling_plot(rows, tmp_path / "s.png")
+    assert (tmp_path / "s.png").stat().st_size > 1000
+    assert bench.scaling_markdown(rows, 1, "cpu").count("| bands |") == 2
