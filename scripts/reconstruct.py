@@ -1,12 +1,15 @@
-"""Main job: reconstruct CASSI measurements and write the cubes.
+"""Main job: reconstruct CASSI measurements; write the cubes, pictures, a summary and a report page.
 
     python scripts/reconstruct.py                          # GAP-TV on generated scenes (no files needed)
-    python scripts/reconstruct.py data=real solver=gap_tv_real wavelengths=tsa  # the five real TSA scenes
+    python scripts/reconstruct.py data=real solver=gap_tv_real   # the five real TSA scenes
     python scripts/reconstruct.py data=measurements data.predict.entries='meas/*.mat' data.predict.mask=mask.mat
-    python scripts/reconstruct.py solver=admm_tv operator.backend=strided writer.fmt=h5
-Writes <output_dir>/reconstructions/<name>.<fmt> (with wavelengths and geometry) and summary.{md,csv,json}.
+    python scripts/reconstruct.py output_dir=runs/real data=real   # again: complete scenes are kept, the rest redone
+    python scripts/reconstruct.py solver=admm_tv operator.backend=strided writer.fmt=h5 preview=false tile=null
+Writes, in the run folder, reconstructions/<name>.<fmt> (with wavelengths and geometry), previews/<name>*.png,
+scenes/<name>.json, summary.{md,csv,json} and index.html. Exit status: 0 when every input was reconstructed,
+3 when some failed (the others are written; one line per failed input at the end), 1 when the run itself failed.
 """
-from pathlib import Path
+import sys
 
 import hydra
 import lightning as L
@@ -15,31 +18,34 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markdown import Markdown
 
-from cassi.lightning.module import ReconstructionModule, write_table
+from cassi.lightning.module import ReconstructionModule
+
+EXIT_FAILED_INPUTS = 3
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="reconstruct")
 def main(cfg: DictConfig) -> None:
     L.seed_everything(cfg.seed, workers=True)
     console = Console()
-    datamodule = instantiate(cfg.data)
-    module = ReconstructionModule(instantiate(cfg.solver), instantiate(cfg.operator, _partial_=True))
     writer = instantiate(cfg.writer)
+    datamodule = instantiate(cfg.data)
+    reconstructor = instantiate(cfg.solver)
+    if cfg.tile:
+        reconstructor = instantiate(cfg.tile, reconstructor)
+    module = ReconstructionModule(reconstructor, instantiate(cfg.operator, _partial_=True), skip=writer.complete)
     trainer = instantiate(cfg.trainer, callbacks=[*instantiate(cfg.trainer.callbacks), writer])
-    predictions = trainer.predict(module, datamodule=datamodule)
-    rows = []
-    for p in predictions:
-        for i, name in enumerate(p["name"]):
-            scores = {k: float(v[i]) for k, v in p.get("metrics", {}).items()}
-            rows.append({"name": name, **scores, "time": p["time"], "iterations": p["iterations"]})
-    skipped = getattr(datamodule.datasets.get("predict"), "skipped", [])
-    rows += [{"name": Path(path).stem, "error": msg} for path, msg in skipped]
-    rows += [{"name": name, "error": msg} for name, msg in writer.failed]
-    paths = write_table(rows, Path(cfg.paths.output_dir) / "summary", f"{module.reconstructor!r}")
-    console.print(Markdown(paths[0].read_text()))
-    console.print(f"wrote {len(writer.written)} reconstructions to {writer.output_dir} and {paths[0].with_suffix('.*')}")
-    if skipped or writer.failed:
-        console.print(f"[red]{len(skipped) + len(writer.failed)} scene(s) failed; see the error column[/red]")
+    trainer.predict(module, datamodule=datamodule, return_predictions=False)
+    if not trainer.is_global_zero:
+        return
+    console.print(Markdown(writer.summary_paths[0].read_text()))
+    kept = sum(r.get("status") == "complete: kept" for r in writer.rows)
+    console.print(f"{len(writer.rows) - len(writer.failed)} scene(s) in {writer.output_dir} ({kept} complete from "
+                  f"an earlier run, kept); report: {writer.output_dir / 'index.html'}")
+    if writer.failed:
+        console.print(f"[red]{len(writer.failed)} input(s) failed:[/red]")
+        for name, reason in writer.failed:
+            console.print(f"FAILED {name}: {reason}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(EXIT_FAILED_INPUTS)
 
 
 if __name__ == "__main__":

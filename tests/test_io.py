@@ -248,7 +248,7 @@ def test_key_selection_and_errors(tmp_path):
     assert load_mask(both).shape == (32, 32)
     two = tmp_path / "two.npz"
     np.savez(two, a=img, b=img)
-    with pytest.raises(DataFileError, match=err(two, r"several candidate arrays \(a, b\).*key=")):
+    with pytest.raises(DataFileError, match=err(two, r"several candidate arrays \(a \(32, 32, 8\), b \(32, 32, 8\)\).*key=")):
         load_cube(two)
     assert torch.equal(load_cube(two, key="b").data, torch.from_numpy(img).permute(2, 0, 1).float())
     with pytest.raises(DataFileError, match=err(two, "no variable 'c' \\(variables: a, b\\)")):
@@ -448,3 +448,94 @@ def test_write_text_atomic_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
         write_text_atomic(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["table.md"]
+
+
+# ----------------------------------------------------------------------------- files as people have them
+
+def test_the_one_cube_beside_other_arrays_loads_without_key(tmp_path):
+    rng = np.random.default_rng(1)
+    cube = rng.random((24, 20, 8)).astype(np.float32)  # H×W×C
+    wl = np.linspace(450, 660, 8)
+    others = {"labels": rng.integers(0, 5, (24, 20)).astype(np.uint8), "M": (rng.random((24, 20)) > .5) * 1.0,
+              "endmembers": rng.random((8, 3))}  # a label image, a mask, a spectra table: none can be a cube
+    scipy.io.savemat(path := tmp_path / "scene.mat", {"radiance": cube, "wl": wl, **others})
+    got = load_cube(path)
+    assert got.meta["key"] == "radiance" and torch.equal(got.data, torch.from_numpy(cube).permute(2, 0, 1))
+    assert got.wavelengths == pytest.approx(wl)
+    with h5py.File(path := tmp_path / "scene.h5", "w") as f:  # wavelengths as a dataset attribute, C×H×W
+        f.create_dataset("data/reflectance", data=cube.transpose(2, 0, 1)).attrs["Wavelength"] = wl
+        f.create_dataset("data/gt_labels", data=others["labels"])
+    got = load_cube(path)
+    assert got.data.shape == (8, 24, 20) and got.wavelengths == pytest.approx(wl)
+    np.savez(path := tmp_path / "scene.npz", x=cube, LAMBDA=wl, spectra=others["endmembers"])
+    assert load_cube(path).wavelengths == pytest.approx(wl)
+
+
+def test_two_possible_cubes_are_named_not_guessed(tmp_path):
+    rng = np.random.default_rng(2)
+    np.savez(path := tmp_path / "two.npz", before=rng.random((16, 16, 4)), after=rng.random((16, 16, 4)),
+             labels=np.ones((16, 16)))
+    with pytest.raises(DataFileError, match=err(path, r"\(before \(16, 16, 4\), after \(16, 16, 4\)\); "
+                                                      "pass key= to choose the cube")):
+        load_cube(path)
+    assert load_cube(path, key="after").meta["key"] == "after"
+
+
+def test_stored_wavelengths_decide_the_band_axis(tmp_path):
+    """A small crop of an airborne image: more bands than pixels per side."""
+    rng = np.random.default_rng(3)
+    hwc = rng.random((12, 10, 50)).astype(np.float32)
+    wl = np.linspace(400, 2500, 50)
+    np.save(path := tmp_path / "bare.npy", hwc)
+    with pytest.raises(DataFileError, match=err(path, r"cannot tell the band axis.*\(12, 10, 50\).*layout='hwc'")):
+        load_cube(path)
+    scipy.io.savemat(path := tmp_path / "crop.mat", {"cube": hwc, "bands_nm": wl})
+    got = load_cube(path)
+    assert got.meta["layout"] == "hwc" and got.data.shape == (50, 12, 10) and got.wavelengths == pytest.approx(wl)
+    np.savez(path := tmp_path / "crop_chw.npz", cube=hwc.transpose(2, 0, 1), wavelength=wl)
+    got = load_cube(path)
+    assert got.meta["layout"] == "chw" and torch.equal(got.data, torch.from_numpy(hwc).permute(2, 0, 1))
+
+
+def test_wavelengths_that_fit_two_axes_still_ask_for_layout(tmp_path):
+    x = np.random.default_rng(4).random((20, 30, 20)).astype(np.float32)
+    np.savez(path := tmp_path / "both.npz", cube=x, wl=np.arange(20) * 10.0 + 450)
+    with pytest.raises(DataFileError, match=err(path, r"\(20, 30, 20\) \(its 20 wavelengths fit both the first "
+                                                      r"and the last axis\): pass layout='hwc' \(H,W,C\) or "
+                                                      r"layout='chw' \(C,H,W\)")):
+        load_cube(path)
+    assert load_cube(path, layout="hwc").data.shape == (20, 20, 30)
+    np.savez(path := tmp_path / "two_wl.npz", cube=x[:, :, :8], wl=np.arange(8.0), wavelengths_nm=np.arange(8.0) + 1)
+    with pytest.raises(DataFileError, match=err(path, "different wavelength vectors")):
+        load_cube(path)
+
+
+def test_signed_and_wide_integers(tmp_path):
+    raw = np.array([0, 100, 32767], np.int16).repeat(64).reshape(3, 8, 8)
+    np.save(path := tmp_path / "int16.npy", raw)  # int16 radiance: divided by the int16 maximum, 32767
+    assert torch.equal(load_cube(path).data, torch.from_numpy(raw.astype(np.float32) / np.float32(32767)))
+    raw[0, 0, 0] = -12  # below the dark level
+    np.save(path, raw)
+    with pytest.raises(DataFileError, match=err(path, r"negative values.*raw int16 minimum -12.*clip_negative=True")):
+        load_cube(path)
+    assert load_cube(path, clip_negative=True).data[0, 0, 0] == 0
+    np.save(path := tmp_path / "int32.npy", raw.astype(np.int32))
+    with pytest.raises(DataFileError, match=err(path, "int32 data, which has no implied full scale: pass max_value=")):
+        load_cube(path, clip_negative=True)
+    assert load_cube(path, max_value=100, clip_negative=True).data[0, 1, 0] == 0  # row 1 of band 0 is 0
+    assert torch.allclose(load_cube(path, max_value=100, clip_negative=True).data[1], torch.tensor(1.0))
+    with h5py.File(path := tmp_path / "u32.h5", "w") as f:  # a stored bit depth sets the scale
+        f.create_dataset("cube", data=np.full((3, 8, 8), 4095, np.uint32)).attrs["bit_depth"] = 12
+    assert load_cube(path).data.eq(1).all()
+
+
+def test_a_measurement_that_does_not_fit_says_what_would(tmp_path):
+    fit = r"it would fit "
+    with pytest.raises(DataFileError, match=fit + r"step=1 with 28 bands$"):  # 256 + 27·1
+        check_mask_fits((256, 256), (256, 283), 2, bands=28)
+    with pytest.raises(DataFileError, match=fit + r"step=2.22222 with 28 bands or bands=31 with step 2$"):
+        check_mask_fits((64, 64), (64, 124), 2, bands=28)
+    with pytest.raises(DataFileError, match=fit + r"axis='h'$"):
+        check_mask_fits((64, 64), (118, 64), 2, bands=28)
+    with pytest.raises(DataFileError, match=r"expected 64×118$"):  # narrower than the mask: nothing fits
+        check_mask_fits((64, 64), (64, 60), 2, bands=28)

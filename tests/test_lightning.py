@@ -56,6 +56,7 @@ def test_predict_matches_direct_solver_call():
     op = CASSI(torch.stack([d["mask"] for d in data]), bands=C, step=2, backend="strided")
     direct = GAPTV(iters=5)(op, torch.stack([d["y"] for d in data]))
     torch.testing.assert_close(out["x"], direct.x)
+    torch.testing.assert_close(out["residual"], direct.history["residual"][-1])  # ‖y − A x‖/‖y‖ per scene
     torch.testing.assert_close(out["metrics"]["psnr"], psnr(direct.x.clamp(0, 1), x))
 
 
@@ -72,8 +73,21 @@ class Undershoot:
         return op.pinv(y) - 0.5
 
 
+class Counting:
+    """The pseudo-inverse, counting the scenes it reconstructs; raises on the scenes listed in ``fail``."""
+
+    def __init__(self, fail=()):
+        self.calls, self.fail = 0, fail
+
+    def __call__(self, op, y, gt=None):
+        self.calls += y.shape[0]
+        if self.calls in self.fail:
+            raise RuntimeError("out of memory (simulated)")
+        return op.pinv(y)
+
+
 def test_cube_writer_clamps_negative_estimates_so_they_load_back(tmp_path):
-    writer = CubeWriter(tmp_path, fmt="mat")
+    writer = CubeWriter(tmp_path, fmt="mat", preview=False)
     trainer(callbacks=[writer]).predict(module(Undershoot()), DataLoader(batches(), batch_size=B),
                                         return_predictions=False)
     from cassi.io import load_cube
@@ -83,17 +97,61 @@ def test_cube_writer_clamps_negative_estimates_so_they_load_back(tmp_path):
 
 
 def test_cube_writer_writes_each_scene_and_survives_a_bad_one(tmp_path):
-    data = batches()
-    (tmp_path / "s1.tif").write_text("already here")  # s1 cannot be written (no overwrite)
-    writer = CubeWriter(tmp_path, fmt="tif", wavelengths=list(range(500, 500 + C)))
-    trainer(callbacks=[writer]).predict(module(PseudoInverse()), DataLoader(data, batch_size=B), return_predictions=False)
+    (tmp_path / "reconstructions" / "s1.tif").mkdir(parents=True)  # s1's cube cannot be written there
+    writer = CubeWriter(tmp_path, fmt="tif", wavelengths=list(range(500, 500 + C)), preview=False)
+    trainer(callbacks=[writer]).predict(module(PseudoInverse()), DataLoader(batches(), batch_size=B),
+                                        return_predictions=False)
     assert sorted(p.name for p in writer.written) == ["s0.tif", "s2.tif"]
-    assert [n for n, _ in writer.failed] == ["s1"]
+    assert [n for n, _ in writer.failed] == ["s1"] and "IsADirectoryError" in writer.failed[0][1]
     from cassi.io import load_cube
 
-    cube = load_cube(tmp_path / "s0.tif")
+    cube = load_cube(tmp_path / "reconstructions" / "s0.tif")
     assert cube.data.shape == (C, H, W) and cube.wavelengths == list(range(500, 500 + C))
-    assert (tmp_path / "s1.tif").read_text() == "already here"
+    summary = json.loads((tmp_path / "summary.json").read_text())["scenes"]
+    assert [(r["name"], r["status"]) for r in summary] == [("s0", "reconstructed"), ("s1", "failed"),
+                                                          ("s2", "reconstructed")]
+    assert not writer.complete("s1") and writer.complete("s0")
+
+
+def test_a_reconstruction_that_raises_fails_its_scene_only(tmp_path):
+    writer = CubeWriter(tmp_path, fmt="npy", preview=False)
+    trainer(callbacks=[writer]).predict(module(Counting(fail=[2])), DataLoader(batches(), batch_size=1),
+                                        return_predictions=False)
+    assert writer.failed == [("s1", "RuntimeError: out of memory (simulated)")]
+    assert sorted(p.name for p in (tmp_path / "reconstructions").iterdir() if p.suffix == ".npy") == ["s0.npy", "s2.npy"]
+
+
+def test_complete_scenes_are_kept_and_the_rest_redone(tmp_path):
+    def run(**kw):
+        writer = CubeWriter(tmp_path, fmt="h5", wavelengths=list(range(500, 500 + C)), **kw)
+        solver = Counting()
+        m = ReconstructionModule(solver, partial(CASSI, bands=C, step=2, backend="strided"), skip=writer.complete)
+        trainer(callbacks=[writer]).predict(m, DataLoader(batches(), batch_size=1), return_predictions=False)
+        return solver.calls, {r["name"]: r["status"] for r in writer.rows}
+
+    assert run() == (3, dict.fromkeys(["s0", "s1", "s2"], "reconstructed"))
+    assert sorted(p.name for p in (tmp_path / "previews").iterdir()) == sorted(
+        f"s{i}{k}.png" for i in range(3) for k in ("", "_bands", "_compare", "_spectra"))
+    assert run() == (0, dict.fromkeys(["s0", "s1", "s2"], "complete: kept"))
+    png = tmp_path / "previews" / "s1_bands.png"
+    png.write_bytes(png.read_bytes()[:100])  # a damaged picture: s1 is no longer complete
+    assert run() == (1, {"s0": "complete: kept", "s1": "reconstructed", "s2": "complete: kept"})
+    (tmp_path / "scenes" / "s2.json").unlink()  # no record (e.g. interrupted before it): redone
+    assert run()[0] == 1
+    assert run(overwrite=True) == (3, dict.fromkeys(["s0", "s1", "s2"], "reconstructed"))
+    assert run(preview=False)[0] == 0  # fewer outputs asked for: still complete
+    kept = json.loads((tmp_path / "summary.json").read_text())["scenes"]
+    assert all(r["psnr"] > 0 and r["residual"] >= 0 for r in kept)  # rows of kept scenes come from their records
+
+
+def test_file_progress_counts_files_not_batches():
+    from cassi.lightning.callbacks import FileProgress
+
+    progress = FileProgress()
+    trainer(callbacks=[progress]).predict(module(PseudoInverse()), DataLoader(batches(), batch_size=2),
+                                          return_predictions=False)
+    task = progress.progress.tasks[0]
+    assert (task.total, task.completed) == (B, B)
 
 
 def test_write_table(tmp_path):

@@ -1,16 +1,29 @@
 """Cubes, masks and measurements: load with validation, save atomically with metadata.
 
 Rules shared by every loader:
+- Which array: `key=` wins; else the file's only numeric array with >= 2 non-singleton
+  dims; else the one its cassi metadata names; else the only one that can be what is
+  loaded (a cube: 3-D, beside 2-D label images, masks or spectra tables); else the one
+  of those with a usual name (CUBE_KEYS, MASK_KEYS, MEAS_KEYS). Otherwise DataFileError
+  listing the candidates and asking for `key=`.
+- Wavelengths: stored metadata, or a vector stored beside the data under a usual name
+  (`cassi.io.formats.WAVELENGTH_NAMES`: wavelength(s), wl, lambda, bands_nm, ...), travel
+  with a cube as Cube.wavelengths.
 - Layout: a 3-D array on disk is H×W×C ('hwc', MATLAB habit) or C×H×W ('chw').
   `layout=` wins; else the file's metadata (written by the savers, OME-TIFF axes);
-  else the band axis is the first or last one when it is at most half of both
-  spatial sizes (256×256×28 -> hwc, 31×150×150 -> chw); anything else raises
-  DataFileError asking for `layout=`.
-- Values: integer data are divided by `max_value` (default 2**bit_depth − 1 when
-  the file stores `bit_depth`, else the dtype's maximum: 255 for uint8, 65535 for
-  uint16); a mask holding only 0/1 integers (MATLAB logical) is kept as is; float
-  data are only cast unless `max_value` is given. Results must be finite and
-  non-negative (`clip_negative=True` clamps negatives to 0 instead of raising).
+  else the stored wavelength vector, when its length matches the first or the last
+  axis but not both (a 20×20×224 crop with 224 wavelengths -> hwc); else the band
+  axis is the first or last one when it is at most half of both spatial sizes
+  (256×256×28 -> hwc, 31×150×150 -> chw); anything else raises DataFileError naming
+  the possible readings and asking for `layout=`.
+- Values: 8- and 16-bit integers, signed or unsigned, are divided by `max_value`
+  (default 2**bit_depth − 1 when the file stores `bit_depth`, else the dtype's positive
+  maximum: 255 uint8, 65535 uint16, 127 int8, 32767 int16); wider integers (32/64-bit)
+  have no implied full scale and need `max_value=` or a stored `bit_depth`; a mask
+  holding only 0/1 integers (MATLAB logical) is kept as is; float data are only cast
+  unless `max_value` is given. Results must be finite and non-negative: negative values
+  (e.g. int16 radiance below the dark level) raise unless `clip_negative=True` clamps
+  them to 0.
 - Savers write the data in their dtype, in layout 'hwc' for .mat and 'chw' elsewhere
   (OME-TIFF only 'chw'), refuse to overwrite unless `overwrite=True`, and store
   wavelengths and geometry (`bands`, `step` or `offsets`, `axis`) with the data.
@@ -26,7 +39,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from cassi.io.formats import DataFileError, read_array, write_array
+from cassi.io.formats import DataFileError, read_array, squeezed_shape, write_array
 
 CUBE_KEYS = ("cube", "img", "img_expand", "data_slice", "Omsi", "HSI", "truth", "data", "rad", "gt")
 MASK_KEYS = ("mask", "mask3d", "mask_3d", "mask_3d_shift", "Phi")
@@ -61,15 +74,20 @@ class Measurement:
 
 # ----------------------------------------------------------------------------- helpers
 
-def _layout(shape: tuple, layout: str | None, meta: dict, path: PathLike) -> str:
+def _layout(shape: tuple, layout: str | None, meta: dict, path: PathLike, wavelengths: list | None = None) -> str:
     """'hwc' or 'chw' for a 3-D array of `shape` (see the module docstring)."""
     layout = layout if layout is not None else meta.get("layout")
     if layout is None:
-        hwc, chw = 2 * shape[2] <= min(shape[:2]), 2 * shape[0] <= min(shape[1:])
-        if hwc == chw:
-            raise DataFileError(path, f"cannot tell the band axis of an array of shape {tuple(shape)}: "
+        by_shape = {"hwc"} if 2 * shape[2] <= min(shape[:2]) else set()
+        by_shape |= {"chw"} if 2 * shape[0] <= min(shape[1:]) else set()
+        by_wl = {lay for lay, axis in (("chw", 0), ("hwc", 2)) if shape[axis] == len(wavelengths or ())}
+        readings = by_wl if len(by_wl) == 1 else (by_shape & by_wl if by_wl else by_shape)
+        if len(readings) != 1:
+            why = (f"its {len(wavelengths)} wavelengths fit both the first and the last axis" if by_wl else
+                   "no axis is clearly the band axis")
+            raise DataFileError(path, f"cannot tell the band axis of an array of shape {tuple(shape)} ({why}): "
                                       "pass layout='hwc' (H,W,C) or layout='chw' (C,H,W)")
-        layout = "hwc" if hwc else "chw"
+        layout = readings.pop()
     if layout not in ("hwc", "chw"):
         raise ValueError(f"{path}: layout must be 'hwc' or 'chw', got {layout!r}")
     return layout
@@ -77,14 +95,11 @@ def _layout(shape: tuple, layout: str | None, meta: dict, path: PathLike) -> str
 
 def _squeeze(array: np.ndarray, ndims: tuple[int, ...], what: str, name: str, path: PathLike) -> np.ndarray:
     """Drop leading singleton dims (then trailing ones) until array.ndim is in `ndims`, else DataFileError."""
-    while array.ndim > max(ndims) and array.shape[0] == 1:
-        array = array[0]
-    while array.ndim > max(ndims) and array.shape[-1] == 1:
-        array = array[..., 0]
-    if array.ndim not in ndims:
+    shape = squeezed_shape(array.shape, ndims)
+    if len(shape) not in ndims:
         raise DataFileError(path, f"expected a {what}, got a {array.ndim}-D array {name!r} "
                                   f"of shape {tuple(array.shape)}")
-    return array
+    return array.reshape(shape)
 
 
 def _to_tensor(array: np.ndarray, meta: dict, max_value: float | None, dtype: torch.dtype,
@@ -93,6 +108,9 @@ def _to_tensor(array: np.ndarray, meta: dict, max_value: float | None, dtype: to
     kind = array.dtype.kind
     if max_value is None and kind in "iu":
         bits = meta.get("bit_depth")
+        if not bits and array.dtype.itemsize > 2:
+            raise DataFileError(path, f"{what} holds {array.dtype} data, which has no implied full scale: pass "
+                                      "max_value= (the raw value that maps to 1.0) or store bit_depth with it")
         max_value = float(2 ** int(bits) - 1) if bits else float(np.iinfo(array.dtype).max)
     work = np.float64 if dtype == torch.float64 else np.float32
     out = np.array(array, dtype=work, order="C")
@@ -105,7 +123,9 @@ def _to_tensor(array: np.ndarray, meta: dict, max_value: float | None, dtype: to
     if clip_negative:
         t.clamp_(min=0)
     elif t.numel() and t.min() < 0:
-        raise DataFileError(path, f"{what} contains negative values (min {t.min().item():.4g})")
+        raw = f"; raw {array.dtype} minimum {array.min()}" if kind == "i" else ""
+        raise DataFileError(path, f"{what} contains negative values (min {t.min().item():.4g}{raw}): "
+                                  "pass clip_negative=True to clamp them to 0")
     return t.to(dtype)
 
 
@@ -136,15 +156,15 @@ def load_cube(path: PathLike, key: str | None = None, layout: str | None = None,
     data only); `clip_negative`: clamp negative values to 0 instead of raising.
     Cube.meta holds the stored geometry plus `source`, `key`, `layout` (on disk), `bands`.
     """
-    array, name, meta = read_array(path, key, CUBE_KEYS, "cube")
+    array, name, meta = read_array(path, key, CUBE_KEYS, "cube", ndims=(3,))
     array = _squeeze(array, (3,), "3-D cube (H,W,C) or (C,H,W)", name, path)
-    lay = _layout(array.shape, layout, meta, path)
+    wavelengths = meta.pop("wavelengths", None)
+    wavelengths = None if wavelengths is None else [float(w) for w in np.atleast_1d(wavelengths)]
+    lay = _layout(array.shape, layout, meta, path, wavelengths)
     chw = array.transpose(2, 0, 1) if lay == "hwc" else array
     data = _to_tensor(chw, meta, max_value, dtype, path, "cube", clip_negative)
     bands = data.shape[0]
-    wavelengths = meta.pop("wavelengths", None)
     if wavelengths is not None:
-        wavelengths = [float(w) for w in np.atleast_1d(wavelengths)]
         if len(wavelengths) != bands:
             raise DataFileError(path, f"stored wavelengths have {len(wavelengths)} entries "
                                       f"but the cube has {bands} bands")
@@ -182,7 +202,7 @@ def save_cube(path: PathLike, cube: Cube | torch.Tensor | np.ndarray, wavelength
 def load_mask(path: PathLike, key: str | None = None, layout: str | None = None,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Load a coded aperture as (H,W) or (C,H,W); checks finite, non-negative, not all zeros."""
-    array, name, meta = read_array(path, key, MASK_KEYS, "mask")
+    array, name, meta = read_array(path, key, MASK_KEYS, "mask", ndims=(2, 3))
     array = _squeeze(array, (2, 3), "2-D mask (H,W) or a 3-D one (H,W,C)/(C,H,W)", name, path)
     if array.ndim == 3 and _layout(array.shape, layout, meta, path) == "hwc":
         array = array.transpose(2, 0, 1)
@@ -209,7 +229,7 @@ def load_measurement(path: PathLike, key: str | None = None, dtype: torch.dtype 
 
     `max_value` and `clip_negative` as in load_cube.
     """
-    array, name, meta = read_array(path, key, MEAS_KEYS, "measurement")
+    array, name, meta = read_array(path, key, MEAS_KEYS, "measurement", ndims=(2,))
     array = _squeeze(array, (2,), "2-D measurement (H,W')", name, path)
     data = _to_tensor(array, meta, max_value, dtype, path, "measurement", clip_negative)[None]
     meta.update(source=str(path), key=name)
@@ -252,12 +272,41 @@ def check_mask_fits(mask_shape: Sequence[int], meas_shape: Sequence[int], disper
         offsets = [float(d) for d in dispersion]
     if len(mask_shape) >= 3 and mask_shape[-3] != len(offsets):
         raise DataFileError(path or "mask", f"mask has {mask_shape[-3]} bands but {len(offsets)} offsets are given")
-    delta = math.ceil(round(max(offsets) - min(0.0, min(offsets)), 6))
+    delta = _delta(offsets)
     h, w = mask_shape[-2:]
     expected = (h, w + delta) if axis == "w" else (h + delta, w)
     if tuple(meas_shape[-2:]) != expected:
         raise DataFileError(path or "measurement",
                             f"measurement of size {meas_shape[-2]}×{meas_shape[-1]} does not fit a {h}×{w} mask "
                             f"with {len(offsets)} bands dispersed by {delta} px along {axis!r}: "
-                            f"expected {expected[0]}×{expected[1]}")
+                            f"expected {expected[0]}×{expected[1]}{_what_fits((h, w), meas_shape[-2:], offsets, axis)}")
     return expected
+
+
+def _delta(offsets: Sequence[float]) -> int:
+    """Δ = ceil(max d − min(0, min d)) of per-band offsets."""
+    return math.ceil(round(max(offsets) - min(0.0, min(offsets)), 6))
+
+
+def _what_fits(mask_hw: tuple[int, int], meas_hw: Sequence[int], offsets: list[float], axis: str) -> str:
+    """'; it fits ...' naming the dispersion axis, step (same bands) or band count (same step) that would fit
+    a measurement of size `meas_hw`, or '' when none does."""
+    (h, w), (mh, mw) = mask_hw, tuple(meas_hw)
+    fits = []
+    for ax, same, extra in (("w", mh == h, mw - w), ("h", mw == w, mh - h)):
+        if not same or extra < 0:
+            continue
+        if ax != axis:
+            if extra == _delta(offsets):
+                fits.append(f"axis='{ax}'")
+            continue
+        bands = len(offsets)
+        step = extra / (bands - 1) if bands > 1 else None
+        if step and _delta([c * step for c in range(bands)]) == extra:
+            fits.append(f"step={step:.6g} with {bands} bands")
+        uniform = [offsets[c] - offsets[c - 1] for c in range(1, bands)]
+        if uniform and max(uniform) == min(uniform) and uniform[0] > 0:
+            n = extra / uniform[0] + 1
+            if n == int(n) and n >= 1 and int(n) != bands:
+                fits.append(f"bands={int(n)} with step {uniform[0]:g}")
+    return f"; it would fit {' or '.join(fits)}" if fits else ""

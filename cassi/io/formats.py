@@ -32,6 +32,10 @@ import tifffile
 
 META_KEY = "cassi_meta"
 META_VARS = ("wavelengths", "layout", "bands", "step", "offsets", "axis", "bit_depth")
+#: Names (case-insensitive; HDF5: the last path component) under which files keep band centres in nm
+#: beside the data, as a variable, a dataset or an attribute.
+WAVELENGTH_NAMES = ("wavelengths", "wavelength", "wavelengths_nm", "wavelength_nm", "wl", "wls", "wvl", "wave",
+                    "waves", "lambda", "lambdas", "lam", "bands_nm", "band_centers", "band_centres", "centers_nm")
 MAT_V5_LIMIT = 2**31 - 2**20  # larger arrays are written as MATLAB v7.3 (HDF5)
 
 
@@ -290,14 +294,48 @@ def _is_candidate(a: Any) -> bool:
     return _is_real(a) and sum(s > 1 for s in a.shape) >= 2
 
 
+def squeezed_shape(shape: tuple, ndims: tuple[int, ...]) -> tuple:
+    """`shape` without leading (then trailing) singleton dims while it has more than max(ndims) dims."""
+    shape = tuple(shape)
+    while len(shape) > max(ndims) and shape[0] == 1:
+        shape = shape[1:]
+    while len(shape) > max(ndims) and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def _stored_wavelengths(path: Path, sources: list[dict]) -> list[float] | None:
+    """The vector stored under one of WAVELENGTH_NAMES in `sources` (attributes, variables), if any;
+    DataFileError when two such vectors differ."""
+    found: dict[str, list[float]] = {}
+    for src in sources:
+        for k, v in src.items():
+            if str(k).rsplit("/", 1)[-1].lower() not in WAVELENGTH_NAMES:
+                continue
+            if sum(n > 1 for n in getattr(v, "shape", np.shape(v))) > 1:
+                continue  # not a vector (and not read)
+            a = np.asarray(v)
+            if _is_real(a):
+                found.setdefault(str(k), np.atleast_1d(a.astype(np.float64).squeeze()).tolist())
+    values = list(found.values())
+    if any(v != values[0] for v in values[1:]):
+        raise DataFileError(path, f"holds different wavelength vectors ({', '.join(found)}); "
+                                  f"store one or pass the cube's wavelengths yourself")
+    return values[0] if values else None
+
+
 def read_array(path: str | os.PathLike, key: str | None = None, names: tuple[str, ...] = (),
-               what: str = "array") -> tuple[np.ndarray, str, dict]:
+               what: str = "array", ndims: tuple[int, ...] | None = None) -> tuple[np.ndarray, str, dict]:
     """Read one array (file orientation) and its metadata from `path`.
 
     The array is `key` when given, else the file's only candidate (numeric, >= 2
-    non-singleton dims), else the one named in the file's metadata, else the one
-    candidate whose name is in `names` (case-insensitive). Returns
-    (array, name, meta); any failure raises DataFileError naming the file.
+    non-singleton dims), else the one named in the file's metadata, else the only
+    candidate that can be the `what` (`ndims`: its number of dims once leading and
+    trailing singletons are dropped, e.g. (3,) for a cube beside 2-D label images,
+    masks or spectra tables), else the one such candidate whose name is in `names`
+    (case-insensitive). A band-centre vector stored under one of WAVELENGTH_NAMES
+    becomes meta["wavelengths"]. Returns (array, name, meta); any failure raises
+    DataFileError naming the file.
     """
     path = Path(path)
     fmt = format_of(path)
@@ -322,14 +360,19 @@ def read_array(path: str | os.PathLike, key: str | None = None, names: tuple[str
             elif saved.get("key") in candidates:
                 name = saved["key"]
             else:
-                known = [n for n in candidates if n.lower() in {k.lower() for k in names}]
-                if len(known) != 1:
+                fits = [n for n in candidates if ndims is None or len(squeezed_shape(arrays[n].shape, ndims)) in ndims]
+                known = [n for n in fits if n.lower() in {k.lower() for k in names}]
+                if len(fits) != 1 and len(known) != 1:
                     if not candidates:
                         raise DataFileError(path, f"no {what} found: no numeric array with at least 2 dimensions")
-                    raise DataFileError(path, f"several candidate arrays ({', '.join(candidates)}); "
-                                              f"pass key= to choose the {what}")
-                name = known[0]
+                    listed = ", ".join(f"{n} {tuple(arrays[n].shape)}" for n in (fits or candidates))
+                    raise DataFileError(path, f"several candidate arrays ({listed}); pass key= to choose the {what}")
+                name = fits[0] if len(fits) == 1 else known[0]
             meta.update({k: _plain(v) for k, v in array_attrs.get(name, {}).items() if k in META_VARS})
+            if "wavelengths" not in meta:
+                wavelengths = _stored_wavelengths(path, [array_attrs.get(name, {}), attrs, arrays])
+                if wavelengths is not None:
+                    meta["wavelengths"] = wavelengths
             array = np.asarray(arrays[name])
             if fmt.single or saved.get("key") in (None, name):
                 meta.update(saved)
@@ -387,13 +430,13 @@ def write_array(path: str | os.PathLike, array: np.ndarray, key: str, meta: dict
     return path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file beside it and ``os.replace``:
+def write_text_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
+    """Write ``text`` (or bytes, e.g. a PNG) to ``path`` via a temporary file beside it and ``os.replace``:
     readers see the old file or the whole new one; a failure leaves no temporary file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

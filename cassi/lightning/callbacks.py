@@ -1,13 +1,16 @@
-"""Callbacks: write reconstructions to files as they are predicted."""
+"""Callbacks: write each reconstructed scene (cube, pictures, summary row) as it is predicted; show progress."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 
-from cassi.io import CAVE_WAVELENGTHS, TSA_WAVELENGTHS, save_cube
+from cassi import viz
+from cassi.io import CAVE_WAVELENGTHS, TSA_WAVELENGTHS, load_cube, save_cube, write_text_atomic
 from cassi.lightning.module import write_table
 
 NAMED_WAVELENGTHS = {"tsa": TSA_WAVELENGTHS, "cave": CAVE_WAVELENGTHS}
@@ -15,43 +18,210 @@ NAMED_WAVELENGTHS = {"tsa": TSA_WAVELENGTHS, "cave": CAVE_WAVELENGTHS}
 log = logging.getLogger("cassi")
 
 
-class CubeWriter(BasePredictionWriter):
-    """Saves every predicted cube as ``<output_dir>/<name>.<fmt>`` (atomic, with wavelengths and geometry).
+def _gather(obj: list) -> list:
+    """Concatenate a list over DDP processes (the list itself without DDP)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, obj)
+        return [o for part in parts for o in part]
+    return list(obj)
 
-    ``wavelengths``: nm per band, or 'tsa' / 'cave' for the standard sets. ``nonnegative``:
-    clamp negative values (iterative estimates undershoot slightly at edges) to 0, as
-    spectral radiance is ≥ 0 and ``cassi.io.load_cube`` rejects negative cubes. A sample that
-    fails to save is logged and listed in ``failed``; the others are still written.
+
+def _predict_datasets(trainer) -> list:
+    loaders = trainer.predict_dataloaders
+    return [dl.dataset for dl in (loaders if isinstance(loaders, list) else [loaders])]
+
+
+class CubeWriter(BasePredictionWriter):
+    """Writes every predicted scene into the run folder ``output_dir`` and keeps its summary row.
+
+    Per scene ``name``:
+
+    - ``reconstructions/<name>.<fmt>``: the cube (atomic, with wavelengths and geometry);
+    - with ``preview``: ``previews/<name>.png`` (sRGB from the spectrum, or labelled false colour without
+      wavelengths: ``cassi.viz``), ``previews/<name>_bands.png`` (band mosaic), ``previews/<name>_spectra.png``
+      (spectra of a few points) and, with ground truth, ``previews/<name>_compare.png`` (truth | reconstruction
+      | error);
+    - ``scenes/<name>.json``: its summary row and files, written last: a scene is *complete* when this record
+      and every file it lists are present and readable (:meth:`complete`), which a half-written scene never is
+      (every file is written atomically and the old record is removed first).
+
+    After predicting, ``summary.{md,csv,json}`` (per scene: metrics with ground truth, relative residual
+    ‖y − A x‖/‖y‖, time, iterations, status, error) and ``index.html`` (one row per scene: preview, metrics or
+    error, time, spectra) are written on rank 0. ``rows`` holds the summary rows of this run (DDP: of all
+    processes); ``failed`` the (name, one-line reason) of every scene that was not reconstructed: inputs the
+    dataset refused (its ``skipped`` list), reconstructions that raised, outputs that could not be written.
+
+    Args:
+        output_dir: the run folder.
+        fmt: cube format: tif (OME-TIFF), mat, h5, npy, npz.
+        wavelengths: nm per band, or 'tsa' / 'cave'; must have ``meta["bands"]`` entries when both are given.
+        meta: stored with each cube (geometry: bands, step or offsets, axis).
+        overwrite: redo every scene; False (default): keep complete scenes, redo the others.
+        nonnegative: clamp negative estimates (iterative estimates undershoot slightly at edges) to 0, as
+            spectral radiance is ≥ 0 and ``cassi.io.load_cube`` rejects negative cubes.
+        preview: write the pictures.
     """
 
     def __init__(self, output_dir: str, fmt: str = "tif", wavelengths=None, meta: dict | None = None,
-                 overwrite: bool = False, nonnegative: bool = True):
+                 overwrite: bool = False, nonnegative: bool = True, preview: bool = True):
         super().__init__(write_interval="batch")
-        self.nonnegative = nonnegative
+        self.nonnegative, self.overwrite, self.preview = nonnegative, overwrite, preview
         self.output_dir, self.fmt = Path(output_dir), fmt.lstrip(".")
         wavelengths = NAMED_WAVELENGTHS.get(wavelengths, wavelengths) if isinstance(wavelengths, str) else wavelengths
         if isinstance(wavelengths, str):
             raise ValueError(f"wavelengths must be a list of nm or one of {sorted(NAMED_WAVELENGTHS)}, got {wavelengths!r}")
         self.wavelengths = None if wavelengths is None else [float(w) for w in wavelengths]
         self.meta = {k: v for k, v in dict(meta or {}).items() if v is not None}
-        self.overwrite = overwrite
+        bands = self.meta.get("bands")
+        if self.wavelengths is not None and bands is not None and len(self.wavelengths) != bands:
+            raise ValueError(f"wavelengths has {len(self.wavelengths)} entries but bands={bands}: give one "
+                             f"wavelength per band (a list, 'tsa' for 28, 'cave' for 31) or wavelengths=null")
         self.written: list[Path] = []
+        self.rows: list[dict] = []
         self.failed: list[tuple[str, str]] = []
+        self.summary_paths: list[Path] = []
+        self._records: dict[str, dict] = {}
+        self._seen: set[str] = set()
+
+    # ------------------------------------------------------------------ files
+    def files(self, name: str, truth: bool) -> dict[str, str]:
+        """The outputs of scene ``name``, relative to ``output_dir``."""
+        files = {"cube": f"reconstructions/{name}.{self.fmt}"}
+        if self.preview:
+            files.update(preview=f"previews/{name}.png", mosaic=f"previews/{name}_bands.png",
+                         spectra=f"previews/{name}_spectra.png")
+            if truth:
+                files["compare"] = f"previews/{name}_compare.png"
+        return files
+
+    def _record_path(self, name: str) -> Path:
+        return self.output_dir / "scenes" / f"{name}.json"
+
+    def complete(self, name: str) -> bool:
+        """True when ``name`` was written before: its record and every output asked for now (``files``) are
+        present and readable (the cube loads, the pictures decode). Always False with ``overwrite``."""
+        if self.overwrite:
+            return False
+        if name in self._records:
+            return True
+        try:
+            record = json.loads(self._record_path(name).read_text())
+            expected = self.files(name, record["truth"])
+            if any(record["files"].get(kind) != rel for kind, rel in expected.items()):
+                return False
+            import matplotlib.image
+
+            for kind, rel in expected.items():
+                path = self.output_dir / rel
+                load_cube(path) if kind == "cube" else matplotlib.image.imread(path)
+        except Exception:  # noqa: BLE001 - missing, half-written or unreadable: not complete
+            return False
+        self._records[name] = record
+        return True
+
+    def _write_scene(self, name: str, x: torch.Tensor, gt: torch.Tensor | None, row: dict) -> dict:
+        """Write the cube and pictures of one scene, then its record; returns its files."""
+        self._record_path(name).unlink(missing_ok=True)  # until the record is back, the scene is incomplete
+        files = self.files(name, gt is not None)
+        out = {k: self.output_dir / v for k, v in files.items()}
+        self.written.append(save_cube(out["cube"], x, wavelengths=self.wavelengths, meta=self.meta, overwrite=True))
+        if self.preview:
+            viz.save_preview(out["preview"], x, self.wavelengths)
+            viz.save_band_mosaic(out["mosaic"], x, self.wavelengths)
+            viz.save_spectra(out["spectra"], x, self.wavelengths, truth=gt)
+            if gt is not None:
+                viz.save_comparison(out["compare"], gt, x, self.wavelengths)
+        self._record_path(name).parent.mkdir(parents=True, exist_ok=True)
+        record = {"row": row, "files": files, "truth": gt is not None}
+        write_text_atomic(self._record_path(name), json.dumps(record, indent=1))
+        self._records[name] = record
+        return files
+
+    # ------------------------------------------------------------------ hooks
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.rows, self.failed, self.written, self._seen = [], [], [], set()
+        for ds in _predict_datasets(trainer):
+            for path, reason in getattr(ds, "skipped", []):  # inputs the dataset refused before any work
+                self._fail(Path(path).stem, reason)
+
+    def _fail(self, name: str, reason: str) -> None:
+        reason = " ".join(str(reason).split())  # one line
+        log.error("%s failed: %s", name, reason)
+        self.failed.append((name, reason))
+        self.rows.append({"name": name, "status": "failed", "error": reason})
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx=0):
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        x = prediction["x"].detach().float().cpu()
-        if self.nonnegative:
+        names = list(prediction["name"])
+        if prediction.get("error"):
+            for name in names:
+                self._fail(name, prediction["error"])
+            return
+        x = None if prediction.get("skipped") else prediction["x"].detach().float().cpu()
+        if x is not None and self.nonnegative:
             x = x.clamp_min(0)
-        names = prediction.get("name") or [f"scene{batch_idx}_{i}" for i in range(x.shape[0])]
+        gt = batch.get("x")
+        metrics = prediction.get("metrics", {})
         for i, name in enumerate(names):
-            path = self.output_dir / f"{name}.{self.fmt}"
+            if name in self._seen:
+                self._fail(name, f"another input of this run has the same name {name!r}: its outputs are kept")
+                continue
+            self._seen.add(name)
+            if x is None or self.complete(name):
+                self.rows.append({**self._records[name]["row"], "status": "complete: kept",
+                                  "files": self._records[name]["files"]})
+                continue
+            row = {"name": name, **{k: float(v[i]) for k, v in metrics.items()},
+                   "residual": float(prediction["residual"][i]), "time": prediction["time"],
+                   "iterations": prediction["iterations"]}
             try:
-                save_cube(path, x[i], wavelengths=self.wavelengths, meta=self.meta, overwrite=self.overwrite)
-                self.written.append(path)
-            except Exception as e:  # one bad sample must not lose the others
-                log.error("could not write %s: %s", path, e)
-                self.failed.append((name, f"{type(e).__name__}: {e}"))
+                files = self._write_scene(name, x[i], None if gt is None else gt[i].detach().float().cpu(), row)
+            except Exception as e:  # noqa: BLE001 - one scene that cannot be written must not lose the others
+                self._fail(name, f"could not write its outputs: {type(e).__name__}: {e}")
+                continue
+            self.rows.append({**row, "status": "reconstructed", "files": files})
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        self.rows, self.failed = _gather(self.rows), _gather(self.failed)
+        if not trainer.is_global_zero:
+            return
+        self.rows.sort(key=lambda r: r["name"])
+        title = repr(pl_module.reconstructor)
+        keys = [k for k in dict.fromkeys(k for r in self.rows for k in r) if k not in ("name", "status", "error", "files")]
+        table = [{k: r.get(k) for k in ["name", *keys, "status", "error"]} for r in self.rows]
+        self.summary_paths = write_table(table, self.output_dir / "summary", title)
+        bands = self.meta.get("bands") or (len(self.wavelengths) if self.wavelengths else None)
+        notes = [f"Method: {title}",
+                 f"Pictures: {viz.rendering(self.wavelengths, bands)}; exposure: auto (99th percentile of "
+                 f"the luminance); error maps: spectral RMSE. Table: summary.md, summary.csv, summary.json."]
+        page = viz.report_html(self.rows, f"cassi reconstruct: {self.output_dir.name}", notes)
+        self.summary_paths.append(write_text_atomic(self.output_dir / "index.html", page))
+
+
+class FileProgress(Callback):
+    """A rich progress bar over input files (scenes), not batches: "reconstructing 3/6 files · <name>"."""
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = None
+        if not trainer.is_global_zero:
+            return
+        total = sum(len(ds) for ds in _predict_datasets(trainer))
+        self.progress = Progress(TextColumn("reconstructing"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("files"), TimeElapsedColumn(), TextColumn("{task.description}"))
+        self.task = self.progress.add_task("", total=total)
+        self.progress.start()
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.progress is not None:
+            names = list(outputs.get("name") or [])
+            self.progress.update(self.task, advance=len(names), description=" ".join(names))
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        if self.progress is not None:
+            self.progress.stop()
 
 
 class ResultsTable(Callback):
@@ -63,11 +233,7 @@ class ResultsTable(Callback):
         self.rows: list[dict] = []
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
-        rows = list(pl_module.rows)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, rows)
-            rows = [r for part in gathered for r in part]
+        rows = _gather(pl_module.rows)
         # DistributedSampler pads uneven splits with repeated scenes: keep one row per name
         self.rows = sorted({r["name"]: r for r in rows}.values(), key=lambda r: r["name"])
         if trainer.is_global_zero:

@@ -25,30 +25,39 @@ class ReconstructionModule(L.LightningModule):
         reconstructor: callable (op, y, gt=None) -> result with ``.x``.
         operator: callable ``mask -> CASSI`` (a Hydra partial of ``cassi.CASSI``
             carrying bands/step/offsets/axis/backend).
+        skip: optional callable ``name -> bool``: ``predict_step`` does not reconstruct a batch whose
+            every scene it accepts (e.g. :meth:`cassi.lightning.callbacks.CubeWriter.complete`).
     After ``trainer.test``, ``self.rows`` holds one dict per scene of this process (name,
     metrics, time in s, iterations); :class:`cassi.lightning.callbacks.ResultsTable` gathers
     them over processes and writes the table.
     """
 
-    def __init__(self, reconstructor: Callable, operator: Callable[..., CASSI]):
+    def __init__(self, reconstructor: Callable, operator: Callable[..., CASSI],
+                 skip: Callable[[str], bool] | None = None):
         super().__init__()
         self.reconstructor = reconstructor
         self.operator = operator
+        self.skip = skip
         self.rows: list[dict] = []
 
     def reconstruct(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        """(B, C, H, W) reconstruction of ``batch["y"]`` and per-batch stats."""
+        """(B, C, H, W) reconstruction of ``batch["y"]`` and stats: time per scene, iterations, and the
+        relative residual ‖y − A x‖/‖y‖ per scene ("residual", (B,)) of the estimate x."""
         op = self.operator(mask=batch["mask"]).to(batch["y"].device)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.no_grad():
             result = self.reconstructor(op, batch["y"], gt=batch.get("x"))
-        x = getattr(result, "x", result)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
-        return x, {"time": seconds / x.shape[0], "iterations": getattr(result, "iterations", None)}
+            x = getattr(result, "x", result)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            y = batch["y"].flatten(1)
+            residual = torch.linalg.vector_norm(y - op(x.to(op.mask.dtype)).flatten(1), dim=1) / \
+                torch.linalg.vector_norm(y, dim=1).clamp_min(torch.finfo(y.dtype).tiny)
+        return x, {"time": seconds / x.shape[0], "iterations": getattr(result, "iterations", None),
+                   "residual": residual}
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         if "x" not in batch:
@@ -56,16 +65,27 @@ class ReconstructionModule(L.LightningModule):
         x, stats = self.reconstruct(batch)
         scores = all_metrics(x, batch["x"])
         names = batch.get("name") or [f"scene{batch_idx}_{i}" for i in range(x.shape[0])]
+        residual = stats.pop("residual")
         for i, name in enumerate(names):
-            self.rows.append({"name": name, **{k: float(v[i]) for k, v in scores.items()}, **stats})
+            self.rows.append({"name": name, **{k: float(v[i]) for k, v in scores.items()}, **stats,
+                              "residual": float(residual[i])})
         for k, v in scores.items():
             self.log(f"test/{k}", v.mean(), batch_size=x.shape[0], sync_dist=True, prog_bar=k in ("psnr", "ssim"))
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        x, stats = self.reconstruct(batch)
-        out = {"x": x, "name": batch.get("name"), **stats}
-        if "x" in batch:
-            out["metrics"] = all_metrics(x, batch["x"])
+        """{"x", "name", "time", "iterations", "residual", "metrics" (with ground truth)}; or
+        {"name", "skipped": True} when ``skip`` accepts every scene; or {"name", "error": "Type: message"}
+        when the reconstruction raises (so that one bad scene does not stop the others)."""
+        names = batch.get("name") or [f"scene{batch_idx}_{i}" for i in range(batch["y"].shape[0])]
+        if self.skip is not None and all(self.skip(n) for n in names):
+            return {"name": names, "skipped": True}
+        try:
+            x, stats = self.reconstruct(batch)
+            out = {"x": x, "name": names, **stats}
+            if "x" in batch:
+                out["metrics"] = all_metrics(x, batch["x"])
+        except Exception as e:  # noqa: BLE001 - reported per scene by the writer, the run goes on
+            return {"name": names, "error": f"{type(e).__name__}: {e}"}
         return out
 
     def on_test_epoch_start(self) -> None:

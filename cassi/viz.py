@@ -1,0 +1,313 @@
+"""Pictures of spectral cubes: sRGB rendered from the spectrum, band mosaics, comparisons, spectra, a report page.
+
+Colour (``to_rgb``): each band c of a (C, H, W) cube is one sample of a spectrum at λ_c nm, integrated against
+the CIE 1931 2° colour matching functions of ``colour-science``, XYZ = Σ_c x_c · cmf(λ_c) · Δλ_c (Δλ_c: the
+band's width, half the distance between its neighbours). White balance: the cube's own equal-energy white
+(a flat spectrum over its bands) is adapted to D65 (Bradford) and scaled to sRGB (1, 1, 1), so a flat spectrum
+renders neutral grey whatever the band range. Exposure: ``"auto"`` divides by the 99th percentile of the
+luminance (the brightest 1 % clip), a number multiplies (1: a flat spectrum of value 1 renders white). Then
+linear sRGB -> clip to [0, 1] -> the sRGB transfer function. A cube without wavelengths, or without a band
+in 380–780 nm, gets a labelled false-colour rendering instead: the mean of the first, middle and last third
+of its bands as blue, green and red, with the same white balance and exposure.
+
+Figures use matplotlib's Agg canvas (no pyplot state, no display), imported when a picture is made; every
+PNG is written atomically. Importing this module loads numpy and torch only.
+"""
+from __future__ import annotations
+
+import html
+import io
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["auto_exposure", "is_false_colour", "rendering", "to_rgb", "save_preview", "save_band_mosaic",
+           "save_comparison", "save_spectra", "spectrum_points", "report_html"]
+
+VISIBLE = (380.0, 780.0)
+_CAPTION_PX = 16     # the label strip above a preview
+_MIN_PREVIEW_PX = 256  # small previews are enlarged (nearest neighbour) to at least this width
+
+
+def _cube(x) -> np.ndarray:
+    """(C, H, W) float64 numpy array from a tensor or array."""
+    a = x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float64)
+    if a.ndim != 3:
+        raise ValueError(f"expected a cube (C, H, W), got shape {a.shape}")
+    return a
+
+
+def is_false_colour(wavelengths: Sequence[float] | None) -> bool:
+    """True when the cube cannot be rendered from its spectrum: no wavelengths or none in 380–780 nm."""
+    return wavelengths is None or not any(VISIBLE[0] <= w <= VISIBLE[1] for w in wavelengths)
+
+
+def _thirds(c: int) -> list[range]:
+    """Band index ranges of the first, middle and last third (blue, green, red); one band each when c < 3."""
+    if c < 3:
+        return [range(0, 1), range(c // 2, c // 2 + 1), range(c - 1, c)]
+    cuts = [round(i * c / 3) for i in range(4)]
+    return [range(cuts[i], cuts[i + 1]) for i in range(3)]
+
+
+def rendering(wavelengths: Sequence[float] | None, bands: int | None = None) -> str:
+    """A one-line description of how ``to_rgb`` renders a cube with these wavelengths."""
+    if is_false_colour(wavelengths):
+        c = bands if bands is not None else len(wavelengths or [])
+        parts = ", ".join(f"{'BGR'[i]} = bands {r.start + 1}–{r.stop}" for i, r in enumerate(_thirds(c))) if c else ""
+        why = "no wavelengths" if wavelengths is None else "no band in 380–780 nm"
+        return f"FALSE COLOUR ({why}): {parts}"
+    return (f"sRGB from the spectrum: CIE 1931 2°, {len(wavelengths)} bands {min(wavelengths):g}–"
+            f"{max(wavelengths):g} nm, equal-energy white -> D65")
+
+
+def _band_matrix(wavelengths: Sequence[float] | None, bands: int) -> np.ndarray:
+    """(3, C) matrix from band values to linear sRGB, white-balanced so that a flat spectrum of 1 gives (1, 1, 1)."""
+    if is_false_colour(wavelengths):
+        m = np.zeros((3, bands))
+        for i, r in enumerate(reversed(_thirds(bands))):  # rows R, G, B = last, middle, first third
+            m[i, list(r)] = 1 / len(r)
+        return m
+    import colour
+
+    wl = np.asarray(wavelengths, np.float64)
+    if len(wl) != bands:
+        raise ValueError(f"{len(wl)} wavelengths for a cube of {bands} bands")
+    cmfs = colour.MSDS_CMFS["CIE 1931 2 Degree Standard Observer"]
+    lo, hi = cmfs.wavelengths[0], cmfs.wavelengths[-1]
+    inside = (wl >= lo) & (wl <= hi)
+    cmf = np.zeros((bands, 3))
+    cmf[inside] = cmfs[wl[inside]]  # colour-science interpolates its 1 nm table at the band centres
+    s = np.sort(wl)  # band widths Δλ: from half-way to the previous band to half-way to the next (one band: 1 nm)
+    mids = (s[1:] + s[:-1]) / 2
+    edges = np.concatenate([[2 * s[0] - mids[0]], mids, [2 * s[-1] - mids[-1]]]) if bands > 1 else s[[0, 0]] + [-.5, .5]
+    width = np.diff(edges)[np.searchsorted(s, wl)]
+    to_xyz = (cmf * width[:, None]).T  # (3, C): XYZ = to_xyz @ x
+    white = to_xyz.sum(1)
+    d65 = colour.xy_to_XYZ(colour.CCS_ILLUMINANTS["CIE 1931 2 Degree Standard Observer"]["D65"])
+    adapt = colour.adaptation.matrix_chromatic_adaptation_VonKries(white, d65, transform="Bradford")
+    m = colour.RGB_COLOURSPACES["sRGB"].matrix_XYZ_to_RGB @ adapt @ to_xyz
+    return m / m.sum(1, keepdims=True)  # exact (1, 1, 1) for a flat spectrum (the sRGB matrix rounds to 1e-4)
+
+
+def _linear(x: np.ndarray, wavelengths: Sequence[float] | None) -> np.ndarray:
+    """(C, H, W) -> (H, W, 3) white-balanced linear sRGB, M x."""
+    return np.einsum("kc,chw->hwk", _band_matrix(wavelengths, x.shape[0]), x)
+
+
+def _auto_gain(linear: np.ndarray) -> float:
+    import colour
+
+    luminance = linear @ colour.RGB_COLOURSPACES["sRGB"].matrix_RGB_to_XYZ[1]
+    p = float(np.percentile(luminance, 99))
+    return 1 / p if p > 0 else 1.0
+
+
+def auto_exposure(cube, wavelengths: Sequence[float] | None = None) -> float:
+    """The gain ``to_rgb(exposure="auto")`` uses: 1 / the 99th percentile of the linear luminance (1 if that is 0)."""
+    return _auto_gain(_linear(_cube(cube), wavelengths))
+
+
+def to_rgb(cube, wavelengths: Sequence[float] | None = None, exposure: float | str = "auto") -> np.ndarray:
+    """(C, H, W) cube -> (H, W, 3) float32 sRGB in [0, 1] (see the module docstring for colour, white, exposure).
+
+    rgb = srgb_encode(clip(exposure · M x, 0, 1)), M the (3, C) white-balanced band-to-linear-sRGB matrix.
+    """
+    import colour
+
+    linear = _linear(_cube(cube), wavelengths)
+    gain = _auto_gain(linear) if exposure == "auto" else float(exposure)
+    return colour.cctf_encoding(np.clip(linear * gain, 0, 1), function="sRGB").astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- figures
+
+def _figure(width_px: float, height_px: float, dpi: int = 100):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+
+
+def _write_png(fig, path, description: str = "") -> Path:
+    """Render ``fig`` to PNG bytes, then write them atomically (temporary file + rename)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from cassi.io import write_text_atomic
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi, metadata={"Description": description, "Software": "cassi"})
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(path, buf.getvalue())
+
+
+def _thumbnail(x: np.ndarray, max_px: int) -> np.ndarray:
+    """Area-average (C, H, W) down so that the longer side is at most ``max_px``."""
+    h, w = x.shape[-2:]
+    k = math.ceil(max(h, w) / max_px)
+    if k <= 1:
+        return x
+    t = torch.nn.functional.avg_pool2d(torch.from_numpy(x)[None], k, ceil_mode=True)[0]
+    return t.numpy()
+
+
+def save_preview(path, cube, wavelengths: Sequence[float] | None = None, exposure: float | str = "auto") -> Path:
+    """The sRGB (or labelled false-colour) picture of a (C, H, W) cube as a PNG: the image at its own
+    resolution (enlarged by an integer factor when narrower than 256 px) under a one-line caption."""
+    x = _cube(cube)
+    rgb = to_rgb(x, wavelengths, exposure)
+    k = max(1, math.ceil(_MIN_PREVIEW_PX / rgb.shape[1]))
+    rgb = rgb.repeat(k, 0).repeat(k, 1)
+    h, w = rgb.shape[:2]
+    fig = _figure(w, h + _CAPTION_PX)
+    fig.figimage(rgb, 0, 0, origin="upper")
+    label = "FALSE COLOUR (no wavelengths)" if is_false_colour(wavelengths) else \
+        f"sRGB, CIE 1931, {min(wavelengths):g}–{max(wavelengths):g} nm"
+    fig.text(2 / w, 1 - 2 / (h + _CAPTION_PX), label, va="top", ha="left", fontsize=8,
+             color="#b00000" if is_false_colour(wavelengths) else "black")
+    gain = auto_exposure(x, wavelengths) if exposure == "auto" else float(exposure)
+    return _write_png(fig, path, f"{rendering(wavelengths, x.shape[0])}; exposure ×{gain:.4g}")
+
+
+def _band_labels(wavelengths: Sequence[float] | None, bands: int) -> list[str]:
+    return [f"{w:g} nm" for w in wavelengths] if wavelengths is not None else [f"band {c + 1}" for c in range(bands)]
+
+
+def save_band_mosaic(path, cube, wavelengths: Sequence[float] | None = None, tile_px: int = 128) -> Path:
+    """Every band of a (C, H, W) cube as a grey tile labelled with its wavelength (or index), one shared
+    scale (0 to the cube's 99.5th percentile), in a near-square grid."""
+    x = _thumbnail(_cube(cube), tile_px)
+    c, h, w = x.shape
+    cols = math.ceil(math.sqrt(c))
+    rows = math.ceil(c / cols)
+    vmax = float(np.percentile(x, 99.5)) or 1.0
+    tw, th = tile_px, tile_px * h / w + 18
+    top = 36  # px for the title above the first row of tile labels
+    fig = _figure(cols * tw, rows * th + top)
+    fig.suptitle(f"{c} bands, grey scale 0–{vmax:.3g}", fontsize=9, y=1 - 4 / (rows * th + top), va="top")
+    for i, label in enumerate(_band_labels(wavelengths, c)):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        ax.imshow(x[i], cmap="gray", vmin=0, vmax=vmax, interpolation="nearest")
+        ax.set_title(label, fontsize=8, pad=2)
+        ax.axis("off")
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - top / (rows * th + top), wspace=0.04, hspace=0.2)
+    return _write_png(fig, path, f"band mosaic: {', '.join(_band_labels(wavelengths, c))}")
+
+
+def save_comparison(path, truth, recon, wavelengths: Sequence[float] | None = None) -> Path:
+    """Truth | reconstruction | error side by side: both pictures with the truth's exposure, and the per-pixel
+    spectral RMSE sqrt(mean_c (x_c − gt_c)²) as a colour map with its scale."""
+    gt, x = _cube(truth), _cube(recon)
+    if gt.shape != x.shape:
+        raise ValueError(f"truth {gt.shape} and reconstruction {x.shape} differ in shape")
+    gain = auto_exposure(gt, wavelengths)
+    err = np.sqrt(((x - gt) ** 2).mean(0))
+    psnr = -10 * math.log10(max(float(((np.clip(x, 0, 1) - gt) ** 2).mean()), 1e-12))
+    h, w = gt.shape[-2:]
+    panel = 220
+    fig = _figure(3 * panel + 60, panel * h / w + 50)
+    kind = "false colour" if is_false_colour(wavelengths) else "sRGB"
+    for i, (img, title) in enumerate([(to_rgb(gt, wavelengths, gain), f"truth ({kind})"),
+                                      (to_rgb(x, wavelengths, gain), f"reconstruction, {psnr:.2f} dB"),
+                                      (err, "error: spectral RMSE")]):
+        ax = fig.add_subplot(1, 3, i + 1)
+        im = ax.imshow(img, cmap="magma" if i == 2 else None, interpolation="nearest")
+        ax.set_title(title, fontsize=9)
+        ax.axis("off")
+        if i == 2:
+            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=7)
+    fig.subplots_adjust(left=0.01, right=0.95, bottom=0.02, top=0.88, wspace=0.05)
+    return _write_png(fig, path, f"truth | reconstruction | error ({rendering(wavelengths, gt.shape[0])})")
+
+
+def spectrum_points(height: int, width: int, n: int = 4) -> list[tuple[int, int]]:
+    """``n`` (row, col) points spread over the frame: the centres of an n-cell grid (4: the quadrant centres)."""
+    rows = max(1, round(math.sqrt(n)))
+    cols = math.ceil(n / rows)
+    return [(int((r + 0.5) * height / rows), int((c + 0.5) * width / cols))
+            for r in range(rows) for c in range(cols)][:n]
+
+
+def save_spectra(path, cube, wavelengths: Sequence[float] | None = None, truth=None,
+                 points: Sequence[tuple[int, int]] | None = None) -> Path:
+    """The picture with numbered points and, beside it, the spectrum of each point (dashed: the truth)."""
+    x = _cube(cube)
+    gt = None if truth is None else _cube(truth)
+    c, h, w = x.shape
+    points = list(points) if points is not None else spectrum_points(h, w)
+    axis = np.asarray(wavelengths, np.float64) if wavelengths is not None else np.arange(1, c + 1)
+    fig = _figure(560, 220)
+    left = fig.add_axes((0.01, 0.05, 0.36, 0.9))
+    left.imshow(to_rgb(x, wavelengths), interpolation="nearest")
+    left.axis("off")
+    right = fig.add_axes((0.47, 0.2, 0.5, 0.72))
+    colours = [f"C{i}" for i in range(len(points))]
+    for i, ((r, col), colour_) in enumerate(zip(points, colours)):
+        left.plot(col, r, "o", mfc="none", mec=colour_, ms=8, mew=2)
+        left.annotate(str(i + 1), (col, r), xytext=(5, 5), textcoords="offset points", color=colour_, fontsize=8,
+                      fontweight="bold")
+        right.plot(axis, x[:, r, col], "-", color=colour_, lw=1.5, label=f"{i + 1}: ({r}, {col})")
+        if gt is not None:
+            right.plot(axis, gt[:, r, col], "--", color=colour_, lw=1)
+    right.set_xlabel("wavelength (nm)" if wavelengths is not None else "band", fontsize=8)
+    right.set_ylabel("value", fontsize=8)
+    right.tick_params(labelsize=7)
+    right.legend(fontsize=6, loc="best", frameon=False)
+    right.set_title("spectra" + (" (dashed: truth)" if gt is not None else ""), fontsize=8)
+    return _write_png(fig, path, f"spectra at (row, col) {points}")
+
+
+# ----------------------------------------------------------------------------- report page
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse}td,th{border-bottom:1px solid #ddd;padding:6px 10px;vertical-align:top;text-align:left}
+th{background:#f4f4f4}img{image-rendering:pixelated}.err{color:#b00000;font-weight:bold;max-width:40em}
+.num{font-variant-numeric:tabular-nums;white-space:nowrap}.small{color:#666;font-size:90%}"""
+
+
+def report_html(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> str:
+    """A self-contained HTML page: one table row per scene (``rows`` as in the run summary, plus "files":
+    {"preview", "mosaic", "spectra", "compare", "cube"} paths relative to the page), pictures by relative path,
+    no scripts, no network."""
+    esc = html.escape
+    metric_keys = [k for k in dict.fromkeys(k for r in rows for k in r)
+                   if k not in ("name", "files", "error", "status", "rendering")]
+    failed = sum(1 for r in rows if r.get("error"))
+    head = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{esc(title)}</title>",
+            f"<style>{_CSS}</style></head><body>", f"<h1>{esc(title)}</h1>",
+            f"<p>{len(rows)} scene(s), {len(rows) - failed} reconstructed, {failed} failed.</p>"]
+    head += [f"<p class=small>{esc(n)}</p>" for n in notes]
+    body = ["<table>", "<tr><th>scene</th><th>preview</th><th>result</th><th>spectra</th></tr>"]
+
+    def img(rel, width, alt):
+        return f'<a href="{esc(rel)}"><img src="{esc(rel)}" width="{width}" alt="{esc(alt)}"></a>'
+
+    for r in rows:
+        files = r.get("files") or {}
+        name = esc(str(r["name"]))
+        cell = [f"<b>{name}</b>"]
+        if r.get("status"):
+            cell.append(f"<div class=small>{esc(str(r['status']))}</div>")
+        if files.get("cube"):
+            cell.append(f'<div class=small><a href="{esc(files["cube"])}">cube</a></div>')
+        preview = img(files["preview"], 256, f"{r['name']} preview") if files.get("preview") else ""
+        if files.get("compare"):
+            preview += f'<div class=small><a href="{esc(files["compare"])}">truth | reconstruction | error</a></div>'
+        if files.get("mosaic"):
+            preview += f'<div class=small><a href="{esc(files["mosaic"])}">bands</a></div>'
+        if r.get("rendering"):
+            preview += f"<div class=small>{esc(r['rendering'])}</div>"
+        if r.get("error"):
+            result = f"<div class=err>{esc(str(r['error']))}</div>"
+        else:
+            def fmt(v):
+                return f"{v:.4g}" if isinstance(v, float) else esc(str(v))
+            result = "<table>" + "".join(f"<tr><td>{esc(k)}</td><td class=num>{fmt(r[k])}</td></tr>"
+                                         for k in metric_keys if r.get(k) is not None) + "</table>"
+        spectra = img(files["spectra"], 420, f"{r['name']} spectra") if files.get("spectra") else ""
+        body.append(f"<tr><td>{''.join(cell)}</td><td>{preview}</td><td>{result}</td><td>{spectra}</td></tr>")
+    body.append("</table></body></html>")
+    return "\n".join(head + body) + "\n"

@@ -1,0 +1,112 @@
+"""scripts/reconstruct.py end to end, run as a user runs it (a subprocess, everything under tmp_path):
+outputs that open again, the report page, resuming, exit status, real measurements and bad files."""
+import html.parser
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+from cassi.io import TSA_WAVELENGTHS, load_cube, load_mask, load_measurement, save_mask, save_measurement
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["trainer=cpu", "operator.backend=strided"]  # (auto would time the backends first)
+SMALL = [*FAST, "data.test.n=2", "data.test.height=32", "data.test.width=40", "solver.iters=5"]
+SCENES = ["synthetic_2000000", "synthetic_2000001"]
+
+
+def reconstruct(tmp_path: Path, out: Path, *overrides) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "reconstruct.py"), f"output_dir={out}", *overrides],
+                          cwd=tmp_path, env=dict(os.environ, PYTHONWARNINGS="ignore"), capture_output=True,
+                          text=True, timeout=600)
+
+
+class Links(html.parser.HTMLParser):
+    def __init__(self, page: str):
+        super().__init__()
+        self.rows, self.refs = 0, []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.rows += tag == "tr"
+        self.refs += [v for k, v in attrs if k in ("src", "href")]
+
+
+def summary(out: Path) -> dict:
+    return {r["name"]: r for r in json.loads((out / "summary.json").read_text())["scenes"]}
+
+
+def test_synthetic_default_outputs_reopen_and_a_second_run_resumes(tmp_path):
+    out = tmp_path / "run"
+    r = reconstruct(tmp_path, out, *SMALL)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (out / ".hydra" / "config.yaml").is_file()  # output_dir is Hydra's run folder
+    for name in SCENES:
+        cube = load_cube(out / "reconstructions" / f"{name}.tif")
+        assert cube.data.shape == (28, 32, 40) and cube.wavelengths == list(TSA_WAVELENGTHS)
+        assert cube.meta["step"] == 2 and cube.meta["axis"] == "w"
+        for suffix in ("", "_bands", "_spectra", "_compare"):  # preview, mosaic, spectra, truth|recon|error
+            Image.open(out / "previews" / f"{name}{suffix}.png").load()
+    rows = summary(out)
+    assert sorted(rows) == SCENES
+    for row in rows.values():
+        assert row["status"] == "reconstructed" and row["psnr"] > 10 and 0 < row["residual"] < 1
+        assert row["iterations"] == 5 and row["time"] > 0
+    assert (out / "summary.csv").read_text().splitlines()[0].startswith("name,psnr,psnr_table,ssim,sam,residual,time")
+    page = (out / "index.html").read_text()
+    links = Links(page)
+    assert links.rows >= 1 + len(SCENES) and all(n in page for n in SCENES) and "residual" in page
+    assert links.refs and all(not ref.startswith(("http", "/")) and (out / ref).is_file() for ref in links.refs)
+    assert {f"previews/{n}.png" for n in SCENES} <= set(links.refs)
+    assert {f"previews/{n}_spectra.png" for n in SCENES} <= set(links.refs)
+
+    outputs = [*out.glob("reconstructions/*.tif"), *out.glob("previews/*.png")]
+    assert len(outputs) == 2 * 5
+    mtimes = {p: p.stat().st_mtime_ns for p in outputs}
+    r = reconstruct(tmp_path, out, *SMALL)  # again: nothing to do
+    assert r.returncode == 0 and "(2 complete from an earlier run, kept)" in r.stdout
+    assert {p: p.stat().st_mtime_ns for p in outputs} == mtimes
+    assert {n: row["status"] for n, row in summary(out).items()} == dict.fromkeys(SCENES, "complete: kept")
+    assert summary(out)[SCENES[0]]["psnr"] == rows[SCENES[0]]["psnr"]  # the kept row comes from the first run
+    cubes = {p: t for p, t in mtimes.items() if p.suffix == ".tif"}
+    r = reconstruct(tmp_path, out, *SMALL, "overwrite=true", "preview=false", "wavelengths=null")
+    assert r.returncode == 0
+    assert all(p.stat().st_mtime_ns != t for p, t in cubes.items())  # recomputed: new cubes ...
+    assert all(p.stat().st_mtime_ns == t for p, t in mtimes.items() if p not in cubes)  # ... and no pictures
+    assert {n: row["status"] for n, row in summary(out).items()} == dict.fromkeys(SCENES, "reconstructed")
+    assert load_cube(out / "reconstructions" / f"{SCENES[0]}.tif").wavelengths is None
+
+
+def test_real_measurement_and_bad_files_in_one_folder(tmp_path, shared_data):
+    """A cropped real TSA measurement (tiled), a corrupt file and one of the wrong size: the good scene is
+    written, each bad file gets one line at the end and in the summary, and the exit status is 3."""
+    inputs = tmp_path / "in"
+    y = load_measurement(shared_data / "real" / "tsa_real_scene3.mat").data
+    mask = load_mask(shared_data / "masks" / "tsa_real_mask_660.mat")
+    rows, cols = slice(300, 340), slice(250, 450)  # 40×200 pixels: y is 40×(200 + 27·2)
+    save_measurement(inputs / "scene3_crop.mat", y[:, rows, cols.start:cols.stop + 54])
+    save_measurement(inputs / "too_wide.mat", y[:, rows, cols.start:cols.stop + 60])
+    (inputs / "broken.mat").write_bytes(b"MATLAB 5.0 MAT-file, truncated")
+    save_mask(tmp_path / "mask.mat", mask[rows, cols])
+    out = tmp_path / "run"
+    r = reconstruct(tmp_path, out, "data=measurements", f"data.predict.entries={inputs}",
+                    f"data.predict.mask={tmp_path / 'mask.mat'}", "solver=gap_tv_real", "solver.iters=10",
+                    "tile.size=160", "tile.overlap=16", *FAST)
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    cube = load_cube(out / "reconstructions" / "scene3_crop.tif")
+    assert cube.data.shape == (28, 40, 200) and cube.wavelengths == list(TSA_WAVELENGTHS)
+    for suffix in ("", "_bands", "_spectra"):
+        Image.open(out / "previews" / f"scene3_crop{suffix}.png").load()
+    assert not (out / "previews" / "scene3_crop_compare.png").exists()  # no ground truth
+    last = r.stdout.strip().splitlines()[-2:]
+    assert last[0].startswith(f"FAILED broken: {inputs / 'broken.mat'}: cannot read MATLAB file")
+    assert last[1].startswith(f"FAILED too_wide: {inputs / 'too_wide.mat'}: measurement of size 40×260 does not")
+    assert last[1].endswith("it would fit step=2.22222 with 28 bands or bands=31 with step 2")
+    assert r.stdout.count("FAILED ") == 2
+    rows = summary(out)
+    assert rows["scene3_crop"]["status"] == "reconstructed" and 0 < rows["scene3_crop"]["residual"] < 1
+    assert rows["broken"]["status"] == rows["too_wide"]["status"] == "failed"
+    assert "Tiled(" in (out / "summary.md").read_text().splitlines()[0]
+    assert "cannot read MATLAB file" in (out / "index.html").read_text()
