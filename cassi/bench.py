@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -59,7 +60,49 @@ class Row:
     gb_s_out: float | None = None  # mb_moved / ms (out=): the achieved bandwidth
 
 
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy jiffies of the whole machine, of this process) from /proc; None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(t) for t in f.readline().split()[1:]]
+        with open("/proc/self/stat") as f:
+            own = f.read().rsplit(")", 1)[1].split()
+        return sum(v) - v[3] - v[4], int(own[11]) + int(own[12])  # minus idle and iowait; utime + stime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+#: a timing during which other processes kept more than this share of the CPUs busy is repeated,
+#: up to RETRIES times after a pause, while the process has waited less than WAIT_S in all
+DISTURBED, RETRIES, WAIT_S = 0.15, 3, 120.0
+_waited = 0.0
+
+
 def _median_ms(fn, repeats: int, warmup: int, sync) -> float:
+    """Median ms of ``fn`` (after ``warmup`` calls). On a shared machine a timing is repeated while
+    other processes used the CPUs meanwhile (Linux): with every core in use, a map of many small ops
+    waits a scheduler slice per op and its time means nothing. A timing still disturbed is kept
+    with a warning on stderr."""
+    global _waited
+    for attempt in range(RETRIES + 1):
+        before, t_start = _cpu_jiffies(), time.perf_counter()
+        ms = _median_once(fn, repeats, warmup, sync)
+        after, wall = _cpu_jiffies(), time.perf_counter() - t_start
+        if before is None or after is None:
+            return ms
+        others = ((after[0] - before[0]) - (after[1] - before[1])) / os.sysconf("SC_CLK_TCK")
+        if others <= DISTURBED * wall * (os.cpu_count() or 1):
+            return ms
+        pause = 5.0 * (attempt + 1)
+        if attempt == RETRIES or _waited + pause > WAIT_S:
+            print(f"  warning: other processes used {others:.2f} CPU-s in {wall:.2f} s: timing disturbed",
+                  file=sys.stderr)
+            return ms
+        _waited += pause
+        time.sleep(pause)
+
+
+def _median_once(fn, repeats: int, warmup: int, sync) -> float:
     for _ in range(warmup):
         fn()
     sync()

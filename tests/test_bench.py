@@ -1,8 +1,12 @@
 """The benchmark's floor: the bytes each map must move, and a copy that moves exactly those."""
 import pytest
-import torch
 
 from cassi import bench
+
+
+@pytest.fixture(autouse=True)
+def no_retries(monkeypatch):
+    monkeypatch.setattr(bench, "RETRIES", 0)  # timings here are smoke, never repeated for a busy machine
 
 # the seed case B16 C28 256² step 2, float32, one 2-D mask
 X, Y, M = 16 * 28 * 256 * 256 * 4, 16 * 256 * (256 + 54) * 4, 256 * 256 * 4
@@ -55,3 +59,19 @@ def test_scaling_rows_and_plot(tmp_path):
     bench.scaling_plot(rows, tmp_path / "s.png")
     assert (tmp_path / "s.png").stat().st_size > 1000
     assert bench.scaling_markdown(rows, 1, "cpu").count("| bands |") == 2
+
+
+def test_disturbed_timing_is_repeated_then_kept_with_a_warning(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "RETRIES", 2)
+    monkeypatch.setattr(bench, "_waited", 0.0)
+    monkeypatch.setattr(bench.time, "sleep", lambda s: None)
+    busy = iter([(0, 0), (10**6, 0)] * 3)  # other processes kept every CPU busy during each attempt
+    monkeypatch.setattr(bench, "_cpu_jiffies", lambda: next(busy))
+    calls = []
+    bench._median_ms(lambda: calls.append(1), 3, 0, lambda: None)
+    assert len(calls) == 3 * 3 and "timing disturbed" in capsys.readouterr().err
+    quiet = iter([(0, 0), (5, 5)])  # this process's own ticks only
+    monkeypatch.setattr(bench, "_cpu_jiffies", lambda: next(quiet))
+    calls.clear()
+    bench._median_ms(lambda: calls.append(1), 3, 0, lambda: None)
+    assert len(calls) == 3
