@@ -197,21 +197,21 @@ def save_band_mosaic(path, cube, wavelengths: Sequence[float] | None = None, til
     return _write_png(fig, path, f"band mosaic: {', '.join(_band_labels(wavelengths, c))}")
 
 
-def save_comparison(path, truth, recon, wavelengths: Sequence[float] | None = None) -> Path:
+def save_comparison(path, truth, recon, wavelengths: Sequence[float] | None = None, psnr: float | None = None) -> Path:
     """Truth | reconstruction | error side by side: both pictures with the truth's exposure, and the per-pixel
-    spectral RMSE sqrt(mean_c (x_c − gt_c)²) as a colour map with its scale."""
+    spectral RMSE sqrt(mean_c (x_c − gt_c)²) as a colour map with its scale; ``psnr`` (dB) goes in a title."""
     gt, x = _cube(truth), _cube(recon)
     if gt.shape != x.shape:
         raise ValueError(f"truth {gt.shape} and reconstruction {x.shape} differ in shape")
     gain = auto_exposure(gt, wavelengths)
     err = np.sqrt(((x - gt) ** 2).mean(0))
-    psnr = -10 * math.log10(max(float(((np.clip(x, 0, 1) - gt) ** 2).mean()), 1e-12))
     h, w = gt.shape[-2:]
     panel = 220
     fig = _figure(3 * panel + 60, panel * h / w + 50)
     kind = "false colour" if is_false_colour(wavelengths) else "sRGB"
     for i, (img, title) in enumerate([(to_rgb(gt, wavelengths, gain), f"truth ({kind})"),
-                                      (to_rgb(x, wavelengths, gain), f"reconstruction, {psnr:.2f} dB"),
+                                      (to_rgb(x, wavelengths, gain),
+                                       "reconstruction" + ("" if psnr is None else f", {psnr:.2f} dB")),
                                       (err, "error: spectral RMSE")]):
         ax = fig.add_subplot(1, 3, i + 1)
         im = ax.imshow(img, cmap="magma" if i == 2 else None, interpolation="nearest")

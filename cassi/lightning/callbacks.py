@@ -131,7 +131,7 @@ class CubeWriter(BasePredictionWriter):
             viz.save_band_mosaic(out["mosaic"], x, self.wavelengths)
             viz.save_spectra(out["spectra"], x, self.wavelengths, truth=gt)
             if gt is not None:
-                viz.save_comparison(out["compare"], gt, x, self.wavelengths)
+                viz.save_comparison(out["compare"], gt, x, self.wavelengths, psnr=row.get("psnr"))
         self._record_path(name).parent.mkdir(parents=True, exist_ok=True)
         record = {"row": row, "files": files, "truth": gt is not None}
         write_text_atomic(self._record_path(name), json.dumps(record, indent=1))
@@ -189,7 +189,8 @@ class CubeWriter(BasePredictionWriter):
         self.rows.sort(key=lambda r: r["name"])
         title = repr(pl_module.reconstructor)
         keys = [k for k in dict.fromkeys(k for r in self.rows for k in r) if k not in ("name", "status", "error", "files")]
-        table = [{k: r.get(k) for k in ["name", *keys, "status", "error"]} for r in self.rows]
+        keys = ["name", *keys, "status", *(["error"] if self.failed else [])]
+        table = [{k: r.get(k) for k in keys} for r in self.rows]
         self.summary_paths = write_table(table, self.output_dir / "summary", title)
         bands = self.meta.get("bands") or (len(self.wavelengths) if self.wavelengths else None)
         notes = [f"Method: {title}",
