@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import lightning as L
 import numpy as np
 import pytest
+import scipy.io
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -226,7 +227,7 @@ def batch_of(dm, split):
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
 def test_every_data_config_instantiates(name, tmp_path, request):
     overrides = []
-    if name.startswith(("shared", "real", "measurements")):
+    if name.startswith(("shared", "real", "measurements", "cave_train")):
         overrides.append(f"+paths.shared_data={request.getfixturevalue('shared_data')}")
     if name == "measurements":
         overrides += ["data.predict.entries=${paths.shared_data}/real/tsa_real_scene1.mat",
@@ -234,6 +235,11 @@ def test_every_data_config_instantiates(name, tmp_path, request):
     if name == "folder":
         for i, split in enumerate(("train", "val", "test")):
             write_cubes(tmp_path / "cubes" / split, 2, offset=10 * i)
+        overrides.append(f"+paths.data_dir={tmp_path}")
+    if name == "cave_kaist":  # the published protocol's layout (data/README.md), in miniature
+        for i, split in enumerate(("train", "val", "test")):
+            write_cubes(tmp_path / "cave_kaist" / split, 2, offset=10 * i)
+        scipy.io.savemat(tmp_path / "cave_kaist" / "mask_256.mat", {"mask": np.random.rand(12, 12)})
         overrides.append(f"+paths.data_dir={tmp_path}")
     dm = instantiate(compose_data(name, *overrides))
     assert isinstance(dm, CASSIDataModule)

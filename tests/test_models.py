@@ -14,7 +14,9 @@ TINY = {"GAPNet": dict(width=4, depth=2), "ADMMNet": dict(width=4, depth=2),
         "DAUHST": dict(dim=4, blocks=[1, 1], heads=1, window=4)}
 
 
-def tiny(name: str, bands: int, stages: int = 2, **kw):
+def tiny(name: str, bands: int, stages: int = 2, seed: int = 0, **kw):
+    """A tiny model with seeded weights (at width 4 an unlucky draw can leave every ReLU of a block dead)."""
+    torch.manual_seed(seed)
     return {"GAPNet": GAPNet, "ADMMNet": ADMMNet, "DAUHST": DAUHST}[name](bands=bands, stages=stages,
                                                                         **TINY[name], **kw)
 

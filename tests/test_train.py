@@ -99,6 +99,20 @@ def test_evaluate_accepts_a_checkpoint(trained, tmp_path):
     assert str(ckpt) in (tmp_path / "results.md").read_text()
 
 
+def test_reconstruct_accepts_a_checkpoint_and_checks_it_before_any_work(trained, tmp_path):
+    ckpt = trained / "checkpoints" / "last.ckpt"
+    common = [f"ckpt={ckpt}", "bands=6", "wavelengths=null", "data.test.n=2", "data.test.height=24",
+              "data.test.width=20", "operator.backend=strided"]
+    run("reconstruct.py", *common, f"output_dir={tmp_path / 'ok'}")
+    written = sorted(p.name for p in (tmp_path / "ok" / "reconstructions").iterdir())
+    assert len(written) == 2 and (tmp_path / "ok" / "index.html").is_file()
+    summary = json.loads((tmp_path / "ok" / "summary.json").read_text())
+    assert all(np.isfinite(s["psnr"]) for s in summary["scenes"])
+    r = run("reconstruct.py", *common, "operator.step=1", f"output_dir={tmp_path / 'bad'}", ok=False)
+    assert r.returncode != 0 and "was trained for dispersion offsets" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "bad" / "reconstructions").exists()
+
+
 def test_pnp_with_a_trained_prior(trained, tmp_path):
     run("evaluate.py", "solver=pnp_trained", f"solver.denoiser.path={trained}/checkpoints/last.ckpt", "bands=6",
         "solver.iters=3", "data.test.n=1", "data.test.height=16", "data.test.width=16", "trainer=cpu", out=tmp_path)
@@ -186,3 +200,16 @@ def test_warmup_cosine_schedule():
     assert lrs[:3] == pytest.approx([0.5, 1.0, 1.0])
     assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))  # then non-increasing ...
     assert lrs[-1] > 0.1 and opt.param_groups[0]["lr"] == pytest.approx(0.1)  # ... to min_lr at total_steps
+
+
+def test_benchmark_models_script(tmp_path):
+    run("benchmark_models.py", "models=[gapnet,dauhst_2stg]", "bands=4", "flops_size=32", "train_size=16",
+        "train_batch=2", "steps=1", "checkpointing=[false,true]", f"output_dir={tmp_path}", f"hydra.run.dir={tmp_path}")
+    rows = json.loads((tmp_path / "benchmark_models.json").read_text())
+    assert [(r["model"], r["checkpointing"]) for r in rows] == [("gapnet", False), ("gapnet", True),
+                                                                ("dauhst_2stg", False), ("dauhst_2stg", True)]
+    gap = rows[0]
+    # FLOPs of GAP-Net's convolutions at 32²: >= 2·(multiply-adds of its first 3×3 conv over 9 stages)
+    assert gap["gflops"] * 1e9 >= 9 * 2 * (4 * 32 * 9) * 32 * 32 and gap["params"] > 1e6
+    assert all(r["samples_per_s"] > 0 for r in rows)
+    assert "| gapnet | 9 |" in (tmp_path / "benchmark_models.md").read_text()

@@ -20,6 +20,16 @@ def padded(x: torch.Tensor, multiple: int, fn) -> torch.Tensor:
     return fn(x)[..., :H, :W]
 
 
+def _near_zero(conv: nn.Conv2d, scale: float = 0.01) -> nn.Conv2d:
+    """The residual branch's last layer at ``scale`` × its default initialisation (bias 0): every prior
+    starts close to the identity, so an untrained unrolled model starts close to its data steps from
+    A⁺y instead of compounding K random residuals (gradients still reach every layer)."""
+    with torch.no_grad():
+        conv.weight.mul_(scale)
+        conv.bias.zero_()
+    return conv
+
+
 def _double_conv(cin: int, cout: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(inplace=True),
                          nn.Conv2d(cout, cout, 3, padding=1), nn.ReLU(inplace=True))
@@ -28,7 +38,7 @@ def _double_conv(cin: int, cout: int) -> nn.Sequential:
 class UNet(nn.Module):
     """Residual U-Net: out = x[:, :C_out] + U(x), ``depth`` scales of two 3×3 convs, widths
     ``width``·2^s, max-pool down, 2×2 transposed-conv up, skip concatenation (the GAP-Net /
-    ADMM-Net prior of the MST toolbox, without its final tanh). (B, C_in, H, W) -> (B, C_out, H, W).
+    ADMM-Net prior of the MST toolbox, without its final tanh; its last layer starts near zero). (B, C_in, H, W) -> (B, C_out, H, W).
     """
 
     def __init__(self, in_channels: int, out_channels: int, width: int = 32, depth: int = 3):
@@ -40,7 +50,7 @@ class UNet(nn.Module):
         self.down = nn.ModuleList(_double_conv(cin, cout) for cin, cout in zip([in_channels, *w[:-1]], w))
         self.up = nn.ModuleList(nn.ConvTranspose2d(w[s + 1], w[s], 2, stride=2) for s in range(depth - 1))
         self.fuse = nn.ModuleList(_double_conv(2 * w[s], w[s]) for s in range(depth - 1))
-        self.last = nn.Conv2d(w[0], out_channels, 1)
+        self.last = _near_zero(nn.Conv2d(w[0], out_channels, 1))
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         skips, h = [], x
@@ -128,7 +138,7 @@ class HalfShuffleTransformer(nn.Module):
         self.fuse = nn.ModuleList(nn.Conv2d(2 * d, d, 1) for d in dims[:-1])
         self.dec = nn.ModuleList(nn.Sequential(*[_Block(d, heads, window) for _ in range(n)])
                                  for d, n in zip(dims[:-1], blocks[:-1]))
-        self.mapping = nn.Conv2d(dim, out_channels, 3, padding=1)
+        self.mapping = _near_zero(nn.Conv2d(dim, out_channels, 3, padding=1))
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         h, skips = self.embed(x), []

@@ -62,6 +62,13 @@ class Unrolled(nn.Module):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.bands, self.stages, self.share, self.checkpointing = bands, stages, share, checkpointing
 
+    def __repr__(self) -> str:
+        """One line, like a solver's (used as the method's name in tables and reports); the layers:
+        ``print(model.priors)``."""
+        n = sum(p.numel() for p in self.parameters())
+        where = f", from {self.source}" if self.source else ""
+        return f"{type(self).__name__}(bands={self.bands}, stages={self.stages}, {n / 1e6:.3g} M parameters{where})"
+
     def _make_priors(self, make) -> nn.ModuleList:
         return nn.ModuleList(make() for _ in range(1 if self.share else self.stages))
 
