@@ -1,16 +1,17 @@
-"""Parameters, FLOPs and training cost of the model configs (conf/benchmark_models.yaml).
+"""Parameters, FLOPs, reconstruction time and training cost of the model configs (conf/benchmark_models.yaml).
 
     python scripts/benchmark_models.py                       # every conf/model config on this CPU
     python scripts/benchmark_models.py device=cuda train_size=256 train_batch=4 precision=[32,bf16] checkpointing=[false,true]
 FLOPs: one forward pass at flops_size² × bands, batch 1, counted by torch.utils.flop_counter.FlopCounterMode
 (convolutions, matmuls and attention; a multiply-add counts 2; the operator's elementwise work is not
-counted). Training: samples/s over ``steps`` Adam steps after one warm-up step, and peak memory (CUDA:
-max allocated; CPU: the growth of the process's peak RSS, measured in a fresh process per row).
+counted). Reconstruction: the median time of one forward pass at flops_size² × bands (batch 1, no
+gradient) against GAP-TV (conf/solver/gap_tv.yaml) on the same measurement, in the same process. Training: samples/s over ``steps`` Adam steps after one warm-up step, and peak memory (CUDA:
+max allocated above what was allocated before; CPU: the peak resident memory above the resident memory before
+the first step, with Linux's peak counter reset (/proc/self/clear_refs), in a fresh process per row).
 Writes benchmark_models.{md,json} in the output folder.
 """
 import json
 import multiprocessing as mp
-import resource
 import time
 from pathlib import Path
 
@@ -26,8 +27,10 @@ from cassi.io import write_text_atomic
 
 
 def model_spec(name: str, bands: int) -> dict:
-    """conf/model/<name>.yaml at ``bands`` bands, resolved to a plain dict (picklable for the child process)."""
-    return OmegaConf.to_container(compose("train", overrides=[f"model={name}", f"bands={bands}"]).model, resolve=True)
+    """conf/model/<name>.yaml (or the model of conf/experiment/<name>.yaml) at ``bands`` bands, resolved to a
+    plain dict (picklable for the child process)."""
+    group = "experiment" if (Path(__file__).parents[1] / "conf" / "experiment" / f"{name}.yaml").is_file() else "model"
+    return OmegaConf.to_container(compose("train", overrides=[f"{group}={name}", f"bands={bands}"]).model, resolve=True)
 
 
 def problem(batch: int, bands: int, size: int, device: str):
@@ -35,6 +38,21 @@ def problem(batch: int, bands: int, size: int, device: str):
     op = CASSI((torch.rand(batch, 1, size, size, generator=g) > 0.5).float(), bands=bands, step=2).to(device)
     x = torch.rand(batch, bands, size, size, generator=g).to(device)
     return op, x, op(x)
+
+
+def seconds(fn, repeats: int) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _status_kb(field: str) -> int:
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":"))
 
 
 def measure(row: dict, queue) -> None:
@@ -45,7 +63,10 @@ def measure(row: dict, queue) -> None:
     op, x, y = problem(row["train_batch"], row["bands"], row["train_size"], dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     dtype = torch.bfloat16 if row["precision"] == "bf16" else None
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if dev == "cpu":  # reset the kernel's peak-RSS counter (VmHWM) so that the peak is this loop's
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        rss0 = _status_kb("VmRSS")
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if dev == "cuda" else 0
@@ -63,18 +84,21 @@ def measure(row: dict, queue) -> None:
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - t0) / row["steps"]
     peak = (torch.cuda.max_memory_allocated() - base if dev == "cuda"
-            else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024)
+            else (_status_kb("VmHWM") - rss0) * 1024)
     queue.put({"samples_per_s": row["train_batch"] / seconds, "step_s": seconds, "peak_memory_mb": peak / 2**20})
 
 
-def markdown(rows: list[dict], cfg) -> str:
+def markdown(rows: list[dict], cfg, gaptv: float) -> str:
     head = (f"# Model configs: size and training cost\n\ntorch {torch.__version__}, device {cfg.device}"
             f"{'' if cfg.device != 'cpu' else f', {cfg.threads} threads'}; FLOPs of one forward pass at "
-            f"{cfg.flops_size}²×{cfg.bands} (FlopCounterMode, multiply-add = 2 FLOPs); training at batch "
+            f"{cfg.flops_size}²×{cfg.bands} (FlopCounterMode, multiply-add = 2 FLOPs); reconstruction time of "
+            f"one {cfg.flops_size}²×{cfg.bands} cube (median of {cfg.repeats}) beside GAP-TV's in the same run "
+            f"({gaptv:.3f} s); training at batch "
             f"{cfg.train_batch} × {cfg.bands} × {cfg.train_size}², mean of {cfg.steps} Adam steps after one warm-up\n\n")
-    lines = ["| model | stages | parameters (M) | GFLOPs | precision | checkpointing | samples/s | peak memory (MB) |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['stages']} | {r['params'] / 1e6:.2f} | {r['gflops']:.1f} | {r['precision']} | "
+    lines = ["| model | stages | parameters (M) | GFLOPs | reconstruct (s) | × GAP-TV speed | precision | "
+             "checkpointing | samples/s | peak memory (MB) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['stages']} | {r['params'] / 1e6:.2f} | {r['gflops']:.1f} | "
+              f"{r['reconstruct_s']:.3f} | {gaptv / r['reconstruct_s']:.1f} | {r['precision']} | "
               f"{'yes' if r['checkpointing'] else 'no'} | {r['samples_per_s']:.2f} | {r['peak_memory_mb']:.0f} |"
               for r in rows]
     return head + "\n".join(lines) + "\n"
@@ -84,14 +108,17 @@ def markdown(rows: list[dict], cfg) -> str:
 def main(cfg: DictConfig) -> None:
     torch.set_num_threads(cfg.threads)
     ctx, rows = mp.get_context("spawn"), []
+    op, _, y = problem(1, cfg.bands, cfg.flops_size, "cpu")
+    gaptv = seconds(lambda: instantiate(compose("evaluate", overrides=["solver=gap_tv"]).solver)(op, y), cfg.repeats)
     for name in cfg.models:
         spec = model_spec(name, cfg.bands)
-        model = instantiate(spec)
-        op, _, y = problem(1, cfg.bands, cfg.flops_size, "cpu")
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(op, y)
+        model = instantiate(spec).eval()
+        with torch.no_grad():
+            with FlopCounterMode(display=False) as counter:
+                model(op, y)
+            elapsed = seconds(lambda: model(op, y), cfg.repeats)
         size = {"model": name, "stages": model.stages, "params": sum(p.numel() for p in model.parameters()),
-                "gflops": counter.get_total_flops() / 1e9}
+                "gflops": counter.get_total_flops() / 1e9, "reconstruct_s": elapsed, "gap_tv_s": gaptv}
         for precision in cfg.precision:
             for ckpt in cfg.checkpointing:
                 row = {**size, "precision": str(precision), "checkpointing": bool(ckpt), "device": cfg.device,
@@ -108,7 +135,7 @@ def main(cfg: DictConfig) -> None:
                       f"peak {result['peak_memory_mb']:.0f} MB", flush=True)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    md = markdown(rows, cfg)
+    md = markdown(rows, cfg, gaptv)
     write_text_atomic(out / "benchmark_models.md", md)
     write_text_atomic(out / "benchmark_models.json", json.dumps(rows, indent=1))
     print(md)

@@ -204,12 +204,12 @@ def test_warmup_cosine_schedule():
 
 def test_benchmark_models_script(tmp_path):
     run("benchmark_models.py", "models=[gapnet,dauhst_2stg]", "bands=4", "flops_size=32", "train_size=16",
-        "train_batch=2", "steps=1", "checkpointing=[false,true]", f"output_dir={tmp_path}", f"hydra.run.dir={tmp_path}")
+        "train_batch=2", "steps=1", "repeats=1", "checkpointing=[false,true]", f"output_dir={tmp_path}", f"hydra.run.dir={tmp_path}")
     rows = json.loads((tmp_path / "benchmark_models.json").read_text())
     assert [(r["model"], r["checkpointing"]) for r in rows] == [("gapnet", False), ("gapnet", True),
                                                                 ("dauhst_2stg", False), ("dauhst_2stg", True)]
     gap = rows[0]
     # FLOPs of GAP-Net's convolutions at 32²: >= 2·(multiply-adds of its first 3×3 conv over 9 stages)
     assert gap["gflops"] * 1e9 >= 9 * 2 * (4 * 32 * 9) * 32 * 32 and gap["params"] > 1e6
-    assert all(r["samples_per_s"] > 0 for r in rows)
+    assert all(r["samples_per_s"] > 0 and r["reconstruct_s"] > 0 and r["gap_tv_s"] > 0 for r in rows)
     assert "| gapnet | 9 |" in (tmp_path / "benchmark_models.md").read_text()
