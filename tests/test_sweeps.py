@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from cassi.lightning.sweeps import collect
@@ -88,6 +89,8 @@ def test_every_launcher_config_composes(name):
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
     assert launcher["_target_"].rsplit(".", 1)[-1] in {"BasicLauncher", "JoblibLauncher", "LocalLauncher",
                                                        "SlurmLauncher"}
+    if name != "basic":  # (Hydra builds its basic launcher itself)
+        assert type(instantiate(cfg.hydra.launcher)).__name__ == launcher["_target_"].rsplit(".", 1)[-1]
     if name.startswith("slurm_"):  # the documented cluster examples
         assert {"partition", "gpus_per_node", "timeout_min", "array_parallelism"} <= set(launcher)
         assert launcher["gpus_per_node"] >= 1 and launcher["tasks_per_node"] in (1, launcher["gpus_per_node"])
@@ -164,6 +167,12 @@ def test_collect_keeps_unfinished_jobs_and_refuses_an_empty_folder(tmp_path):
                                                                 ("1", "incomplete")]
     assert "epoch 3" in table["rows"][-1]["error"]
     assert [r["job"] for r in collect(tmp_path / "s", mode="min")["rows"]] == ["0", "2", "1"]
+    # sweep_dir=latest: the newest folder with a multirun.yaml under ./multirun
+    (tmp_path / "multirun").mkdir()
+    (tmp_path / "s").rename(tmp_path / "multirun" / "s")
+    (tmp_path / "multirun" / "s" / "multirun.yaml").write_text("{}\n")
+    assert "best val/psnr = 31.0000: job 2" in run("collect.py", "sweep_dir=latest", cwd=tmp_path).stdout
+    assert (tmp_path / "multirun" / "s" / "sweep.md").is_file()
     (tmp_path / "empty").mkdir()
     r = run("collect.py", f"sweep_dir={tmp_path / 'empty'}", cwd=tmp_path, ok=False)
     assert r.returncode == 2 and "no job folders" in r.stderr
