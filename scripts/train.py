@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from cassi.lightning.callbacks import ResultsTable
+from cassi.lightning.training import best_score
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -26,7 +27,7 @@ def main(cfg: DictConfig) -> float | None:
     callbacks = [c for c in instantiate(cfg.callbacks).values() if c is not None]
     trainer = instantiate(cfg.trainer, callbacks=[*callbacks, results], logger=instantiate(cfg.logger))
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-    best = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+    best = best_score(trainer.checkpoint_callback)
     value = float(best) if best is not None else float(trainer.callback_metrics.get(cfg.monitor, float("nan")))
     if cfg.test and datamodule.datasets["test"] is not None:
         ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""

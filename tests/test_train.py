@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 # tiny synthetic problem: 8 training scenes of 16², batch 4 (2 steps per epoch), a 2-stage 4-wide GAP-Net
-TINY = ["model.stages=2", "model.width=4", "model.depth=2", "bands=6", "data.train.n=8", "data.train.height=16",
+TINY = ["model.stages=2", "model.width=4", "model.depth=2", "bands=6", "wavelengths=null", "data.train.n=8", "data.train.height=16",
         "data.train.width=16", "data.val.n=2", "data.val.height=16", "data.val.width=16", "data.test.n=2",
         "data.test.height=16", "data.test.width=16", "data.batch_size=4", "trainer.accelerator=cpu",
         "callbacks.progress=null", "callbacks.summary=null", "trainer.log_every_n_steps=1"]
@@ -136,6 +136,11 @@ def test_bad_checkpoints_fail_before_any_work(trained, tmp_path, case):
     assert not (tmp_path / "out" / "results.json").exists()
 
 
+def test_wavelengths_must_match_the_band_count(tmp_path):
+    r = run("train.py", *[o for o in TINY if o != "wavelengths=null"], "trainer.fast_dev_run=1", out=tmp_path, ok=False)
+    assert r.returncode != 0 and "wavelengths has 28 values but the model reconstructs 6 bands" in r.stderr
+
+
 def test_unknown_model_name_is_a_clear_error(tmp_path):
     r = run("train.py", "model=nonet", out=tmp_path, ok=False)
     assert r.returncode != 0 and "Could not find 'model/nonet'" in r.stderr and "gapnet" in r.stderr
@@ -176,6 +181,10 @@ def test_ddp_training_on_two_cpu_processes(tmp_path):
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 2 and ckpt["cassi"]["geometry"]["bands"] == 6
     assert len(json.loads((tmp_path / "test_results.json").read_text())["scenes"]) == 2
+    # the value train.py returns is the best checkpoint's score (ddp_spawn passes back only its path)
+    best = torch.load(next((tmp_path / "checkpoints").glob("best-*.ckpt")), weights_only=True)
+    score = next(s["best_model_score"] for k, s in best["callbacks"].items() if s.get("monitor") == "val/psnr")
+    assert f"best val/psnr: {float(score):.4f}" in r.stdout
 
 
 @pytest.mark.parametrize("group,option", [(g, p.stem) for g in ("logger", "callbacks", "trainer")

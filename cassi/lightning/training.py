@@ -80,6 +80,10 @@ class TrainingModule(ReconstructionModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.stage_weights, self.log_images = stage_weights, log_images
         self.wavelengths = None if wavelengths is None else [float(w) for w in wavelengths]
+        bands = getattr(model, "bands", None)
+        if self.wavelengths is not None and bands is not None and len(self.wavelengths) != bands:
+            raise ValueError(f"wavelengths has {len(self.wavelengths)} values but the model reconstructs {bands} "
+                             f"bands: give {bands} wavelengths (nm) or wavelengths=null")
         self.geometry: dict | None = None
         self.save_hyperparameters({"model": dict(config), "loss": repr(self.loss), "stage_weights": stage_weights,
                                    "wavelengths": self.wavelengths})
@@ -136,3 +140,16 @@ class TrainingModule(ReconstructionModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.geometry = checkpoint.get("cassi", {}).get("geometry")
+
+
+def best_score(callback) -> float | None:
+    """The best monitored value; under ddp_spawn only the best path comes back to this process, so the
+    score is read from the ModelCheckpoint state saved in that checkpoint."""
+    if callback is None:
+        return None
+    if callback.best_model_score is None and callback.best_model_path:
+        states = torch.load(callback.best_model_path, map_location="cpu", weights_only=True).get("callbacks", {})
+        scores = [s.get("best_model_score") for k, s in states.items() if k.startswith("ModelCheckpoint")
+                  and s.get("best_model_path") == callback.best_model_path]
+        return float(scores[0]) if scores and scores[0] is not None else None
+    return None if callback.best_model_score is None else float(callback.best_model_score)
