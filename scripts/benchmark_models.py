@@ -12,6 +12,7 @@ Writes benchmark_models.{md,json} in the output folder.
 """
 import json
 import multiprocessing as mp
+from queue import Empty
 import time
 from pathlib import Path
 
@@ -107,6 +108,26 @@ def markdown(rows: list[dict], cfg) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def run_measure(ctx, row: dict) -> dict:
+    """``measure(row)`` in a fresh process; a process that dies (e.g. killed when memory runs out) gives a
+    row with its exit code instead of hanging the benchmark."""
+    queue = ctx.Queue()
+    proc = ctx.Process(target=measure, args=(row, queue))
+    proc.start()
+    while True:
+        try:
+            result = queue.get(timeout=1.0)
+            break
+        except Empty:
+            if not proc.is_alive():
+                result = {"samples_per_s": float("nan"), "step_s": float("nan"), "peak_memory_mb": float("nan"),
+                          "error": f"the measuring process died (exit code {proc.exitcode}; -9: killed, "
+                                   f"e.g. out of memory)"}
+                break
+    proc.join()
+    return result
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark_models")
 def main(cfg: DictConfig) -> None:
     torch.set_num_threads(cfg.threads)
@@ -127,11 +148,7 @@ def main(cfg: DictConfig) -> None:
                 row = {**size, "precision": str(precision), "checkpointing": bool(ckpt), "device": cfg.device,
                        "bands": cfg.bands, "threads": cfg.threads, "train_size": cfg.train_size,
                        "train_batch": cfg.train_batch, "steps": cfg.steps, "spec": spec}
-                queue = ctx.Queue()
-                proc = ctx.Process(target=measure, args=(row, queue))
-                proc.start()
-                result = queue.get()
-                proc.join()
+                result = run_measure(ctx, row)
                 rows.append({**{k: v for k, v in row.items() if k != "spec"}, **result})
                 print(f"{name}: {row['params'] / 1e6:.2f} M, {row['gflops']:.1f} GFLOPs, {precision}, "
                       f"checkpointing {ckpt}: {result['samples_per_s']:.2f} samples/s, "
