@@ -12,10 +12,7 @@ Exit status: 0 when the table was written (failed jobs included), 2 for bad argu
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-from cassi.lightning.sweeps import collect, latest_sweep  # noqa: E402
+from cassi.lightning.sweeps import collect, latest_sweep
 
 KEYS = {"sweep_dir": None, "sort": None, "mode": None, "out": None}
 
