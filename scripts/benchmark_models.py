@@ -12,9 +12,9 @@ Writes benchmark_models.{md,json} in the output folder.
 """
 import json
 import multiprocessing as mp
-from queue import Empty
 import time
 from pathlib import Path
+from queue import Empty
 
 import hydra
 import torch
@@ -105,6 +105,8 @@ def markdown(rows: list[dict], cfg) -> str:
               f"{r['precision']} | "
               f"{'yes' if r['checkpointing'] else 'no'} | {r['samples_per_s']:.2f} | {r['peak_memory_mb']:.0f} |"
               for r in rows]
+    lines += [f"\n{r['model']} ({r['precision']}, checkpointing {r['checkpointing']}): {r['error']}" for r in rows
+              if r.get("error")]
     return head + "\n".join(lines) + "\n"
 
 

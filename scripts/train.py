@@ -28,7 +28,7 @@ def main(cfg: DictConfig) -> float | None:
     trainer = instantiate(cfg.trainer, callbacks=[*callbacks, results], logger=instantiate(cfg.logger))
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     best = best_score(trainer.checkpoint_callback)
-    value = float(best) if best is not None else float(trainer.callback_metrics.get(cfg.monitor, float("nan")))
+    value = best if best is not None else float(trainer.callback_metrics.get(cfg.monitor, float("nan")))
     if cfg.test and datamodule.datasets["test"] is not None:
         ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         trainer.test(module, datamodule=datamodule, ckpt_path=ckpt or None)

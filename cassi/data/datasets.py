@@ -67,15 +67,20 @@ def resolve_paths(patterns) -> list[Path]:
     return sorted(found)
 
 
-def _wavelengths(value) -> list[float] | None:
-    """None, a named band set ('tsa', 'cave') or a sequence of nm, as a list of floats."""
+def _wavelengths(value, bands: int | None = None, owner: str = "the data has") -> list[float] | None:
+    """None, a named band set ('tsa', 'cave') or a sequence of nm, as a list of floats; with ``bands``,
+    ValueError unless there is one wavelength per band (``owner`` names what has the bands)."""
     if value is None:
         return None
     if isinstance(value, str):
         if value.lower() not in BAND_SETS:
             raise ValueError(f"unknown band set {value!r}: use one of {sorted(BAND_SETS)} or a list of nm")
         value = BAND_SETS[value.lower()]
-    return [float(v) for v in value]
+    value = [float(v) for v in value]
+    if bands is not None and len(value) != bands:
+        raise ValueError(f"wavelengths has {len(value)} values but {owner} {bands} bands: give {bands} wavelengths "
+                         f"(nm; 'tsa' has 28, 'cave' 31) or wavelengths=null")
+    return value
 
 
 def _optional_size(size) -> tuple[int, int] | None:

@@ -10,10 +10,10 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 
 from cassi import viz
-from cassi.io import CAVE_WAVELENGTHS, TSA_WAVELENGTHS, load_cube, save_cube, write_text_atomic
+from cassi.data.datasets import _wavelengths
+from cassi.io import load_cube, save_cube, write_text_atomic
 from cassi.lightning.module import write_table
 
-NAMED_WAVELENGTHS = {"tsa": TSA_WAVELENGTHS, "cave": CAVE_WAVELENGTHS}
 
 log = logging.getLogger("cassi")
 
@@ -68,15 +68,8 @@ class CubeWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.nonnegative, self.overwrite, self.preview = nonnegative, overwrite, preview
         self.output_dir, self.fmt = Path(output_dir), fmt.lstrip(".")
-        wavelengths = NAMED_WAVELENGTHS.get(wavelengths, wavelengths) if isinstance(wavelengths, str) else wavelengths
-        if isinstance(wavelengths, str):
-            raise ValueError(f"wavelengths must be a list of nm or one of {sorted(NAMED_WAVELENGTHS)}, got {wavelengths!r}")
-        self.wavelengths = None if wavelengths is None else [float(w) for w in wavelengths]
         self.meta = {k: v for k, v in dict(meta or {}).items() if v is not None}
-        bands = self.meta.get("bands")
-        if self.wavelengths is not None and bands is not None and len(self.wavelengths) != bands:
-            raise ValueError(f"wavelengths has {len(self.wavelengths)} entries but bands={bands}: give one "
-                             f"wavelength per band (a list, 'tsa' for 28, 'cave' for 31) or wavelengths=null")
+        self.wavelengths = _wavelengths(wavelengths, self.meta.get("bands"), "the reconstructions have")
         self.written: list[Path] = []
         self.rows: list[dict] = []
         self.failed: list[tuple[str, str]] = []

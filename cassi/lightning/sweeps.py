@@ -46,9 +46,9 @@ def _now() -> str:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
+    from cassi.io import write_text_atomic  # imported when a job runs, not when Hydra loads the callback
+
+    write_text_atomic(path, json.dumps(obj, indent=1, default=str))
 
 
 def _sqlite_path(url: Any) -> Path | None:

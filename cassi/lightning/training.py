@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import cassi
+from cassi.data.datasets import _wavelengths
 from cassi.lightning.module import ReconstructionModule
 from cassi.metrics import all_metrics
 from cassi.models.losses import ReconstructionLoss
@@ -73,17 +74,10 @@ class TrainingModule(ReconstructionModule):
             stages = getattr(model, "stages", None)
             if not stage_weights or min(stage_weights) < 0 or (stages is not None and len(stage_weights) > stages):
                 raise ValueError(f"stage_weights must be 1..{stages} weights >= 0, got {stage_weights}")
-        if isinstance(wavelengths, str):
-            from cassi.data.datasets import _wavelengths
-            wavelengths = _wavelengths(wavelengths)
         self.loss = loss if loss is not None else ReconstructionLoss("l1")
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.stage_weights, self.log_images = stage_weights, log_images
-        self.wavelengths = None if wavelengths is None else [float(w) for w in wavelengths]
-        bands = getattr(model, "bands", None)
-        if self.wavelengths is not None and bands is not None and len(self.wavelengths) != bands:
-            raise ValueError(f"wavelengths has {len(self.wavelengths)} values but the model reconstructs {bands} "
-                             f"bands: give {bands} wavelengths (nm) or wavelengths=null")
+        self.wavelengths = _wavelengths(wavelengths, getattr(model, "bands", None), "the model reconstructs")
         self.geometry: dict | None = None
         self.save_hyperparameters({"model": dict(config), "loss": repr(self.loss), "stage_weights": stage_weights,
                                    "wavelengths": self.wavelengths})
