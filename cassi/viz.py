@@ -311,3 +311,44 @@ def report_html(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> 
         body.append(f"<tr><td>{''.join(cell)}</td><td>{preview}</td><td>{result}</td><td>{spectra}</td></tr>")
     body.append("</table></body></html>")
     return "\n".join(head + body) + "\n"
+
+
+def read_curve(run_dir, y: str = "val/psnr", x: str = "time/cpu_min") -> tuple[list[float], list[float]]:
+    """(x values, y values) of the rows of a training run's ``logs/version_*/metrics.csv`` (all versions,
+    in order: a resumed run continues its curve) that have both columns. FileNotFoundError naming the folder
+    when it has no metrics file; ValueError when no row has both columns."""
+    import csv
+
+    files = sorted(Path(run_dir).glob("logs/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[-1]))
+    if not files:
+        raise FileNotFoundError(f"{run_dir}: no logs/version_*/metrics.csv (not a training run folder?)")
+    xs, ys = [], []
+    for f in files:
+        with open(f, newline="") as fh:
+            for row in csv.DictReader(fh):
+                if row.get(x) and row.get(y):
+                    xs.append(float(row[x]))
+                    ys.append(float(row[y]))
+    if not xs:
+        raise ValueError(f"{run_dir}: no logged row has both {x!r} and {y!r}")
+    return xs, ys
+
+
+def save_learning_curves(path, curves: dict, baselines: dict | None = None, xlabel: str = "CPU-minutes",
+                         ylabel: str = "validation PSNR (dB)", title: str = "") -> Path:
+    """One PNG: ``curves`` {label: (xs, ys)} as lines, ``baselines`` {label: value} as dashed horizontal lines
+    (e.g. GAP-TV on the same scenes)."""
+    fig = _figure(900, 560)
+    ax = fig.add_subplot(1, 1, 1)
+    for label, (xs, ys) in curves.items():
+        ax.plot(xs, ys, marker=".", markersize=3, linewidth=1.2, label=label)
+    for i, (label, value) in enumerate((baselines or {}).items()):
+        ax.axhline(value, linestyle="--", linewidth=1, color=f"C{(len(curves) + i) % 10}", label=f"{label} ({value:.2f})")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return _write_png(fig, path, title or "learning curves")

@@ -198,3 +198,76 @@ def test_trained_prior_as_a_pnp_denoiser(tmp_path):
         assert denoiser(x).shape == x.shape and denoiser(x, 0.1).shape == x.shape
         result = GAP(denoiser, iters=3)(op, op(x))
         assert result.x.shape == x.shape and result.iterations == 3
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_normalize_makes_the_model_brightness_equivariant(name):
+    """normalize=True: model(op, a·y) = a·model(op, y) for every stage output; without it a random
+    network is not (the check can fail)."""
+    op, x = random_op(2, 5, 12, 12)
+    y = op(x)
+    for normalize in (True, False):
+        model = tiny(name, 5, stages=2, normalize=normalize).eval()
+        for p in model.parameters():  # leave the near-identity start: make the priors clearly non-linear
+            p.data.add_(0.2 * torch.randn_like(p))
+        with torch.no_grad():
+            a = [o * 7.0 for o in model(op, y, return_stages=True)]
+            b = model(op, 7.0 * y, return_stages=True)
+        same = all(torch.allclose(u, v, rtol=1e-4, atol=1e-5) for u, v in zip(a, b))
+        assert same is normalize, f"normalize={normalize}"
+    assert model.config["normalize"] is False and tiny(name, 5, normalize=True).config["normalize"] is True
+    with torch.no_grad():  # an all-dark measurement stays finite
+        assert torch.isfinite(tiny(name, 5, normalize=True)(op, torch.zeros_like(y))).all()
+
+
+def test_resstack_prior():
+    """GAPNet(prior='resstack'): any size (odd sizes pad inside), starts near the identity, trains."""
+    from cassi.models import ResStack
+
+    block = ResStack(5, 4, width=8, depth=2)
+    x = torch.rand(2, 5, 13, 11)
+    out = block(x)
+    assert out.shape == (2, 4, 13, 11) and (out - x[:, :4]).abs().max() < 0.05
+    torch.manual_seed(0)
+    model = GAPNet(bands=5, stages=2, width=8, depth=1, prior="resstack")
+    assert model.config["prior"] == "resstack"
+    op, x = random_op(2, 5, 13, 11)
+    model(op, op(x)).square().mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    with pytest.raises(ValueError, match="prior must be one of"):
+        GAPNet(bands=5, stages=2, prior="vit")
+
+
+def test_relative_loss_weighs_dark_and_bright_samples_alike():
+    x = torch.rand(2, 3, 8, 8)
+    x[1] *= 0.01  # a dark sample
+    pred = x * 1.1  # the same 10 % error in both
+    plain, rel = ReconstructionLoss("l1"), ReconstructionLoss("l1", relative=True)
+    # plain l1: the dark sample contributes ~1 % of the bright one's error; relative: the same
+    assert plain(pred[1:], x[1:]) < 0.02 * plain(pred[:1], x[:1])
+    assert torch.allclose(rel(pred[1:], x[1:]), rel(pred[:1], x[:1]), rtol=1e-4)
+    assert torch.allclose(rel(pred, x), rel(pred[:1], x[:1]), rtol=1e-4)
+    assert "relative=True" in repr(rel)
+
+
+def test_export_weights_is_small_and_loads_like_the_checkpoint(tmp_path):
+    from cassi.models import export_weights
+
+    op, x = random_op(1, 5, 12, 12)
+    model = tiny("GAPNet", 5).eval()
+    path = fake_checkpoint(tmp_path / "full.ckpt", model, {"offsets": op.offsets, "axis": "w", "bands": 5})
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["global_step"] = 123
+    ckpt["optimizer_states"] = [{"state": {0: torch.zeros(10000)}}]
+    torch.save(ckpt, path)
+    for half in (False, True):
+        out = export_weights(path, tmp_path / f"w{int(half)}.ckpt", half=half)
+        saved = torch.load(out, weights_only=True)
+        assert saved["cassi"]["step"] == 123 and "optimizer_states" not in saved
+        dtypes = {v.dtype for v in saved["state_dict"].values()}
+        assert dtypes == ({torch.float16} if half else {torch.float32})
+        loaded = load_model(out)
+        with torch.no_grad():
+            a, b = loaded(op, op(x)), model(op, op(x))
+        assert torch.allclose(a, b, atol=0 if not half else 1e-2) and (half or torch.equal(a, b))
+    assert not list(tmp_path.glob(".*.tmp"))

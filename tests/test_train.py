@@ -38,9 +38,9 @@ def run(script, *overrides, ok=True, out=None):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """6 steps of training with a checkpoint every 2 steps; deterministic masks (p=1) and data."""
+    """6 steps of training with a checkpoint every 2 steps (random masks: drawn from seed, epoch, step)."""
     out = tmp_path_factory.mktemp("train")
-    run("train.py", *TINY, "trainer.max_steps=6", "trainer.max_epochs=-1", "data.simulator.masks.p=1.0",
+    run("train.py", *TINY, "trainer.max_steps=6", "trainer.max_epochs=-1",
         f"+callbacks.every_2={{_target_:lightning.pytorch.callbacks.ModelCheckpoint,dirpath:{out}/steps,"
         f"every_n_train_steps:2,save_top_k:-1,filename:'s{{step}}',auto_insert_metric_name:false}}", out=out)
     return out
@@ -61,8 +61,9 @@ def test_training_writes_checkpoints_config_and_a_test_table(trained):
 
 
 def test_resume_continues_steps_optimizer_and_schedule(trained, tmp_path):
-    """Resuming from the step-4 checkpoint ends where the uninterrupted run ended: same step, same weights."""
-    run("train.py", *TINY, "trainer.max_steps=6", "trainer.max_epochs=-1", "data.simulator.masks.p=1.0",
+    """Resuming from the step-4 checkpoint ends where the uninterrupted run ended: same step, same
+    weights, the same CPU-minute counter continued: the data, the random masks and the schedule were replayed."""
+    run("train.py", *TINY, "trainer.max_steps=6", "trainer.max_epochs=-1",
         f"ckpt_path={trained}/steps/s4.ckpt", out=tmp_path)
     full = torch.load(trained / "checkpoints" / "last.ckpt", weights_only=True)
     resumed = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
@@ -73,6 +74,38 @@ def test_resume_continues_steps_optimizer_and_schedule(trained, tmp_path):
     steps = [int(line.split(",")[2]) for line in
              (tmp_path / "logs" / "version_0" / "metrics.csv").read_text().splitlines()[1:] if line.split(",")[2]]
     assert min(steps) == 4  # the resumed run logged only the steps after the checkpoint (0-based: 4, 5)
+    elapsed = {k: v for k, v in resumed["callbacks"].items() if k.startswith("ElapsedTime")}
+    assert elapsed and next(iter(elapsed.values()))["cpu_min"] > 0
+
+
+def test_training_continues_from_weights_only(trained, tmp_path):
+    """export_weights -> init_weights=: a new run starts from those weights (fresh optimizer and schedule);
+    a file whose model differs from the configured one is refused before training."""
+    from cassi.models import export_weights
+
+    weights = export_weights(trained / "checkpoints" / "last.ckpt", tmp_path / "w.ckpt")
+    assert torch.load(weights, weights_only=True)["cassi"]["step"] == 6
+    run("train.py", *TINY, "trainer.max_steps=1", "trainer.max_epochs=-1", "test=false", "module.optimizer.lr=0",
+        "module.scheduler=null", f"init_weights={weights}", out=tmp_path / "run")
+    start, new = load_model(weights), load_model(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    for (k, a), b in zip(start.state_dict().items(), new.state_dict().values()):
+        assert torch.equal(a, b), k  # lr 0: the weights it started from, unchanged
+    r = run("train.py", *TINY, "model.width=5", "trainer.fast_dev_run=1", f"init_weights={weights}",
+            out=tmp_path / "bad", ok=False)
+    assert r.returncode != 0 and "its model differs from the configured one in width (4 there, 5 here)" in r.stderr
+
+
+def test_learning_curves_against_cpu_minutes(trained, tmp_path):
+    from cassi.viz import read_curve
+
+    xs, ys = read_curve(trained)
+    assert len(xs) == len(ys) >= 3 and xs == sorted(xs) and xs[0] > 0  # one point per validation
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_curves.py"), f"out={tmp_path / 'c.png'}",
+                        "GAP-TV=20.5", f"tiny={trained}"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG", r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_curves.py"), f"out={tmp_path / 'd.png'}",
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "no logs/version_*/metrics.csv" in r.stderr and not (tmp_path / "d.png").exists()
 
 
 def test_checkpoint_loads_from_its_path_alone_and_reconstructs_the_same(trained):

@@ -88,9 +88,9 @@ class CASSIDataModule(L.LightningDataModule):
         seed: the train order (epoch e is shuffled with seed + e), the workers' seeds
             (numpy/random/torch), and the eval masks/noise.
 
-    Training simulates with the global RNG of the device (seed it with
-    ``lightning.seed_everything``); evaluation with a generator seeded from (seed,
-    the batch's sample names), so val/test measurements are the same every epoch and run.
+    Training simulates with a generator seeded from (seed, epoch, global step, the batch's
+    sample names), so a run resumed from a checkpoint sees the same measurements; evaluation
+    from (seed, the sample names), so val/test measurements are the same every epoch and run.
     """
 
     def __init__(self, train: Dataset | None = None, val: Dataset | None = None, test: Dataset | None = None,
@@ -134,5 +134,7 @@ class CASSIDataModule(L.LightningDataModule):
             raise ValueError("the batch has ground truth 'x' but no measurement 'y', and no simulator is configured")
         training = self.trainer is not None and self.trainer.training
         names = batch.get("name") or []
-        gen = None if training else torch.Generator().manual_seed(stable_seed(self.seed, *names))
+        # training masks/noise drawn from (seed, epoch, step, names): a resumed run sees the same batches
+        where = ("train", self.trainer.current_epoch, self.trainer.global_step) if training else ()
+        gen = torch.Generator(batch["x"].device).manual_seed(stable_seed(self.seed, *where, *names))
         return self.simulator(batch, generator=gen, training=training)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -232,3 +233,40 @@ class ResultsTable(Callback):
         self.rows = sorted({r["name"]: r for r in rows}.values(), key=lambda r: r["name"])
         if trainer.is_global_zero:
             self.paths = write_table(self.rows, self.stem, self.title)
+
+
+class ElapsedTime(Callback):
+    """Logs the training cost so far at every validation: ``time/cpu_min`` (CPU-minutes of this process,
+    all its threads: ``time.process_time``) and ``time/wall_min``, both summed over resumed pieces (kept in
+    the checkpoint), so learning curves can be drawn against CPU-minutes instead of steps."""
+
+    def __init__(self):
+        self.cpu_min = self.wall_min = 0.0
+        self._mark: tuple[float, float] | None = None
+
+    def _advance(self) -> None:
+        now = (time.process_time(), time.perf_counter())
+        if self._mark is not None:
+            self.cpu_min += (now[0] - self._mark[0]) / 60
+            self.wall_min += (now[1] - self._mark[1]) / 60
+        self._mark = now
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._mark = None
+        self._advance()
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        self._advance()
+        pl_module.log_dict({"time/cpu_min": self.cpu_min, "time/wall_min": self.wall_min}, sync_dist=True)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._advance()
+
+    def state_dict(self) -> dict:
+        self._advance()
+        return {"cpu_min": self.cpu_min, "wall_min": self.wall_min}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.cpu_min, self.wall_min = float(state_dict["cpu_min"]), float(state_dict["wall_min"])

@@ -21,6 +21,7 @@ import cassi
 from cassi.data.datasets import _wavelengths
 from cassi.lightning.module import ReconstructionModule
 from cassi.metrics import all_metrics
+from cassi.models.checkpoint import load_model
 from cassi.models.losses import ReconstructionLoss
 
 __all__ = ["TrainingModule", "warmup_cosine"]
@@ -58,12 +59,15 @@ class TrainingModule(ReconstructionModule):
             weighted supervision of DPU); None: the final output only.
         wavelengths: nm per band, stored in checkpoints (and used to render previews).
         log_images: how many validation scenes to log as images (to TensorBoard, when that is the logger).
+        init_weights: start from these weights (a checkpoint path or ``pretrained/<name>``, e.g. the
+            weights-only file ``cassi.models.export_weights`` writes) with a fresh optimizer and schedule;
+            the checkpoint's model must have the same constructor arguments as ``model``.
     """
 
     def __init__(self, model: nn.Module, operator: Callable, loss: Callable | None = None,
                  optimizer: Callable | None = None, scheduler: Callable | None = None,
                  stage_weights: Sequence[float] | None = None, wavelengths: Sequence[float] | str | None = None,
-                 log_images: int = 1):
+                 log_images: int = 1, init_weights: str | None = None):
         super().__init__(model, operator)
         config = getattr(model, "config", None)
         if not isinstance(config, dict) or "_target_" not in config:
@@ -74,6 +78,8 @@ class TrainingModule(ReconstructionModule):
             stages = getattr(model, "stages", None)
             if not stage_weights or min(stage_weights) < 0 or (stages is not None and len(stage_weights) > stages):
                 raise ValueError(f"stage_weights must be 1..{stages} weights >= 0, got {stage_weights}")
+        if init_weights:
+            self._init_weights(model, config, init_weights)
         self.loss = loss if loss is not None else ReconstructionLoss("l1")
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.stage_weights, self.log_images = stage_weights, log_images
@@ -81,6 +87,18 @@ class TrainingModule(ReconstructionModule):
         self.geometry: dict | None = None
         self.save_hyperparameters({"model": dict(config), "loss": repr(self.loss), "stage_weights": stage_weights,
                                    "wavelengths": self.wavelengths})
+
+    @staticmethod
+    def _init_weights(model: nn.Module, config: dict, path: str) -> None:
+        """Copy the weights of the checkpoint ``path`` into ``model`` (ValueError when its model differs)."""
+        trained = load_model(path)
+        want = {k: v for k, v in config.items() if k != "checkpointing"}
+        have = {k: v for k, v in trained.config.items() if k != "checkpointing"}
+        if want != have:
+            diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+            raise ValueError(f"init_weights={path}: its model differs from the configured one in "
+                             + ", ".join(f"{k} ({have.get(k)!r} there, {want.get(k)!r} here)" for k in diff))
+        model.load_state_dict(trained.state_dict())
 
     # ------------------------------------------------------------------ steps
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:

@@ -5,10 +5,10 @@ training losses and checkpoint loading. Imports torch (and torchmetrics) only.
     model = GAPNet(bands=28, stages=5)          # model(op, y) -> (B, C, H, W), like a solver
     model = load_model("runs/best.ckpt")        # from a training checkpoint, geometry checked
 """
-from cassi.models.blocks import HalfShuffleTransformer, StageEstimator, UNet
-from cassi.models.checkpoint import load_model, load_prior, resolve_checkpoint
+from cassi.models.blocks import HalfShuffleTransformer, ResStack, StageEstimator, UNet
+from cassi.models.checkpoint import export_weights, load_model, load_prior, resolve_checkpoint
 from cassi.models.losses import ReconstructionLoss
 from cassi.models.unrolled import ADMMNet, DAUHST, GAPNet, Unrolled
 
-__all__ = ["ADMMNet", "DAUHST", "GAPNet", "HalfShuffleTransformer", "ReconstructionLoss", "StageEstimator",
-           "UNet", "Unrolled", "load_model", "load_prior", "resolve_checkpoint"]
+__all__ = ["ADMMNet", "DAUHST", "GAPNet", "HalfShuffleTransformer", "ReconstructionLoss", "ResStack", "StageEstimator",
+           "UNet", "Unrolled", "export_weights", "load_model", "load_prior", "resolve_checkpoint"]

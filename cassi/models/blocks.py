@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["UNet", "HalfShuffleTransformer", "StageEstimator", "padded"]
+__all__ = ["UNet", "ResStack", "HalfShuffleTransformer", "StageEstimator", "padded"]
 
 
 def padded(x: torch.Tensor, multiple: int, fn) -> torch.Tensor:
@@ -60,6 +60,32 @@ class UNet(nn.Module):
         for s in reversed(range(len(self.up))):
             h = self.fuse[s](torch.cat([self.up[s](h), skips[s]], dim=1))
         return x[:, : self.out_channels] + self.last(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return padded(x, self.multiple, self._forward)
+
+
+class ResStack(nn.Module):
+    """A prior built for CPUs: plain 3×3 convolutions at half resolution. Pixel-unshuffle by 2
+    (4·C_in channels), 3×3 conv to ``width``, ``depth`` residual blocks h + conv(ReLU(conv(h))), 3×3 conv
+    to 4·C_out (starts near zero), pixel-shuffle; out = x[:, :C_out] + that. (B, C_in, H, W) -> (B, C_out, H, W).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, width: int = 32, depth: int = 2):
+        super().__init__()
+        if depth < 0 or width < 1:
+            raise ValueError(f"ResStack needs depth >= 0 and width >= 1, got depth={depth}, width={width}")
+        self.out_channels, self.multiple = out_channels, 2
+        self.head = nn.Conv2d(4 * in_channels, width, 3, padding=1)
+        self.body = nn.ModuleList(nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU(inplace=True),
+                                                nn.Conv2d(width, width, 3, padding=1)) for _ in range(depth))
+        self.tail = _near_zero(nn.Conv2d(width, 4 * out_channels, 3, padding=1))
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.head(F.pixel_unshuffle(x, 2)))
+        for block in self.body:
+            h = h + block(h)
+        return x[:, : self.out_channels] + F.pixel_shuffle(self.tail(h), 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return padded(x, self.multiple, self._forward)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["load_model", "load_prior", "resolve_checkpoint", "PRETRAINED_DIR"]
+__all__ = ["export_weights", "load_model", "load_prior", "resolve_checkpoint", "PRETRAINED_DIR"]
 
 PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 PREFIX = "reconstructor."  # the model's attribute in TrainingModule
@@ -84,6 +84,35 @@ def load_model(path, map_location="cpu", operator=None) -> nn.Module:
     if operator is not None:
         model.check(operator(mask=torch.ones(1, 1)))
     return model.to(map_location).eval()
+
+
+def export_weights(path, out, half: bool = False) -> Path:
+    """Write the weights-only checkpoint of a training checkpoint (``path`` or ``pretrained/<name>``) to
+    ``out``, atomically: {"cassi": its model/geometry/wavelengths + "step" (optimizer steps trained) and
+    "monitor" (the best validation value, when the checkpoint records one), "state_dict": the model's weights
+    (the EMA weights when EMA was on), in float16 with ``half``}. It loads with :func:`load_model` and
+    starts a new training run with ``init_weights=`` (no optimizer or schedule state: a few MB)."""
+    src = resolve_checkpoint(path)
+    ckpt = _read(src)
+    info = dict(ckpt["cassi"])
+    info.setdefault("step", ckpt.get("global_step"))
+    scores = [s.get("best_model_score") for k, s in ckpt.get("callbacks", {}).items()
+              if k.startswith("ModelCheckpoint") and isinstance(s, dict) and s.get("monitor")]
+    if scores and scores[0] is not None:
+        info["monitor"] = {"name": next(s["monitor"] for k, s in ckpt["callbacks"].items()
+                                        if k.startswith("ModelCheckpoint") and isinstance(s, dict) and s.get("monitor")),
+                           "best": float(scores[0])}
+    state = {k: (v.half() if half and v.is_floating_point() else v) for k, v in ckpt["state_dict"].items()
+             if k.startswith(PREFIX)}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        torch.save({"cassi": info, "state_dict": state}, tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
 
 
 def load_prior(path, stage: int = -1, map_location="cpu"):

@@ -16,19 +16,25 @@ class ReconstructionLoss(nn.Module):
 
     l1: mean|x̂ − x|;  mse: mean(x̂ − x)²;  rmse: sqrt(mse) (the MST toolbox's loss);
     charbonnier: mean sqrt((x̂ − x)² + ε²).  Returns a scalar.
+
+    ``relative``: x̂ and x are first divided per sample by 2·mean(x) (B, 1, 1, 1), so that a dark patch
+    weighs as much as a bright one (mean PSNR over scenes rewards exactly that).
     """
 
-    def __init__(self, kind: str = "l1", ssim: float = 0.0, eps: float = 1e-3):
+    def __init__(self, kind: str = "l1", ssim: float = 0.0, eps: float = 1e-3, relative: bool = False):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"loss kind must be one of {KINDS}, got {kind!r}")
         if ssim < 0:
             raise ValueError(f"ssim weight must be >= 0, got {ssim!r}")
-        self.kind, self.ssim, self.eps = kind, float(ssim), float(eps)
+        self.kind, self.ssim, self.eps, self.relative = kind, float(ssim), float(eps), bool(relative)
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if pred.shape != target.shape:
             raise ValueError(f"pred {tuple(pred.shape)} and target {tuple(target.shape)} differ in shape")
+        if self.relative:
+            scale = (2 * target.detach().mean(dim=tuple(range(1, target.ndim)), keepdim=True)).clamp_min(1e-4)
+            pred, target = pred / scale, target / scale
         d = pred - target
         if self.kind == "l1":
             loss = d.abs().mean()
@@ -43,4 +49,4 @@ class ReconstructionLoss(nn.Module):
         return loss
 
     def extra_repr(self) -> str:
-        return f"kind={self.kind!r}, ssim={self.ssim}"
+        return f"kind={self.kind!r}, ssim={self.ssim}" + (", relative=True" if self.relative else "")

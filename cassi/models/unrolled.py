@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cassi.models.blocks import HalfShuffleTransformer, StageEstimator, UNet
+from cassi.models.blocks import HalfShuffleTransformer, ResStack, StageEstimator, UNet
+
+PRIORS = {"unet": UNet, "resstack": ResStack}
 
 __all__ = ["Unrolled", "GAPNet", "ADMMNet", "DAUHST"]
 
@@ -46,6 +48,9 @@ class Unrolled(nn.Module):
         stages: K, the number of unrolled stages.
         share: one prior for all stages (weights shared) instead of one per stage.
         checkpointing: recompute each stage's activations in backward (saves memory in training).
+        normalize: run the stages on y/s and return s·x with s = mean(A⁺y)/0.5 per sample, so that
+            model(op, a·y) = a·model(op, y): the priors see every scene at one brightness (exact, since
+            the data steps are linear in (z, y)).
 
     Subclasses build ``self.priors`` (K modules, or 1 when shared) and implement
     ``_stage(k, op, y, state) -> state`` on a dict state whose "z" is the stage output.
@@ -55,12 +60,14 @@ class Unrolled(nn.Module):
     geometry: dict | None = None
     source: str | None = None
 
-    def __init__(self, bands: int, stages: int, share: bool = False, checkpointing: bool = False):
+    def __init__(self, bands: int, stages: int, share: bool = False, checkpointing: bool = False,
+                 normalize: bool = False):
         super().__init__()
         for name, v in (("bands", bands), ("stages", stages)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.bands, self.stages, self.share, self.checkpointing = bands, stages, share, checkpointing
+        self.normalize = normalize
 
     def __repr__(self) -> str:
         """One line, like a solver's (used as the method's name in tables and reports); the layers:
@@ -101,6 +108,10 @@ class Unrolled(nn.Module):
         ``gt`` is accepted (and ignored) so that the model is called like a solver."""
         self.check(op)
         x0 = op.pinv(y)
+        scale = None
+        if self.normalize:  # s (B, 1, 1, 1); an all-dark sample keeps s = 2e-6 (its outputs stay ~0)
+            scale = (x0.detach().mean(dim=(1, 2, 3), keepdim=True) / 0.5).clamp_min(2e-6)
+            x0, y = x0 / scale, y / scale
         state = self._init(op, y, x0)
         outs = [x0]
         for k in range(self.stages):
@@ -115,6 +126,8 @@ class Unrolled(nn.Module):
             else:
                 state = self._stage(k, op, y, state)
             outs.append(state["z"])
+        if scale is not None:
+            outs = [o * scale for o in outs]
         return outs if return_stages else outs[-1]
 
     def _prior(self, k: int, x: torch.Tensor) -> torch.Tensor:
@@ -132,14 +145,17 @@ class GAPNet(Unrolled):
     """GAP-Net (Meng et al. 2020): x_k = z + λ_k·Aᵀ((y − A z) ⊘ Φ), z_k = U-Net_k(x_k).
 
     λ_k is learned per stage (initialised to 1, the GAP projection; the paper fixes it to 1).
-    U-Net widths ``width``·2^s over ``depth`` scales. (B, 1, H, W+Δ) -> (B, C, H, W).
+    ``prior``: "unet" (widths ``width``·2^s over ``depth`` scales) or "resstack" (``depth`` residual
+    blocks of ``width`` channels at half resolution: :class:`ResStack`). (B, 1, H, W+Δ) -> (B, C, H, W).
     """
 
     def __init__(self, bands: int = 28, stages: int = 9, width: int = 32, depth: int = 3, share: bool = False,
-                 checkpointing: bool = False):
-        super().__init__(bands, stages, share, checkpointing)
+                 checkpointing: bool = False, normalize: bool = False, prior: str = "unet"):
+        super().__init__(bands, stages, share, checkpointing, normalize)
+        if prior not in PRIORS:
+            raise ValueError(f"prior must be one of {sorted(PRIORS)}, got {prior!r}")
         self.config = _config(self, dict(locals()))
-        self.priors = self._make_priors(lambda: UNet(bands, bands, width, depth))
+        self.priors = self._make_priors(lambda: PRIORS[prior](bands, bands, width, depth))
         self.steps = nn.Parameter(torch.ones(stages))
 
     def _stage(self, k, op, y, state):
@@ -157,8 +173,8 @@ class ADMMNet(Unrolled):
     """
 
     def __init__(self, bands: int = 28, stages: int = 9, width: int = 32, depth: int = 3, share: bool = False,
-                 rho: float = 0.01, checkpointing: bool = False):
-        super().__init__(bands, stages, share, checkpointing)
+                 rho: float = 0.01, checkpointing: bool = False, normalize: bool = False):
+        super().__init__(bands, stages, share, checkpointing, normalize)
         self.config = _config(self, dict(locals()))
         self.priors = self._make_priors(lambda: UNet(bands, bands, width, depth))
         self.theta = nn.Parameter(torch.full((stages,), _inverse_softplus(rho)))
@@ -184,8 +200,9 @@ class DAUHST(Unrolled):
     """
 
     def __init__(self, bands: int = 28, stages: int = 9, dim: int = 28, blocks: Sequence[int] = (1, 1, 1),
-                 heads: int = 1, window: int = 8, share: bool = False, checkpointing: bool = False):
-        super().__init__(bands, stages, share, checkpointing)
+                 heads: int = 1, window: int = 8, share: bool = False, checkpointing: bool = False,
+                 normalize: bool = False):
+        super().__init__(bands, stages, share, checkpointing, normalize)
         self.config = _config(self, dict(locals()))
         self.estimator = StageEstimator(bands + 1, stages)
         self.priors = self._make_priors(lambda: HalfShuffleTransformer(bands + 1, bands, dim, blocks, heads, window))
