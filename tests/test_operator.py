@@ -1,5 +1,6 @@
 """The CASSI operator: every backend against the reference loop, adjointness,
 pseudo-inverse, Φ, autograd, out=, batches of masks and input validation."""
+import logging
 import math
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from cassi import CASSI
-from cassi.backends import BACKENDS, AutoBackend, UnsupportedGeometry
+from cassi.backends import BACKENDS, AutoBackend, Backend, UnsupportedGeometry
 
 B, C, H, W = 2, 5, 7, 9  # odd, non-square sizes catch transposition and off-by-one errors
 
@@ -19,7 +20,7 @@ GEOMETRIES = {
     "frac": dict(offsets=[0.0, 1.6, 3.1, 4.5, 7.25]),
 }
 MASKS = ("2d", "3d", "batch")
-EAGER = ("conv", "scatter", "fold", "strided", "fft", "auto")
+EAGER = ("conv", "scatter", "fold", "strided", "fft", "numba", "auto")
 # what each backend is expected to support: an unexpected UnsupportedGeometry fails the test
 SUPPORTS = {
     "scatter": lambda g: g != "frac",
@@ -197,6 +198,8 @@ def test_strided_row_blocks_equal_loop(small_blocks, mask_kind, geom, axis):
     torch.testing.assert_close(op.data_step(x, y, 0.2), ref.data_step(x, y, 0.2))
 
 
+#: backends with a fused data step and pinv (tested against the composed loop)
+FUSED = ("strided", "numba")
 RHOS = {"0": lambda: 0.0, "float": lambda: 0.3, "0-d": lambda: torch.tensor(0.3, dtype=torch.float64),
         "per-sample": lambda: torch.tensor([0.1, 2.0], dtype=torch.float64).view(B, 1, 1, 1)}
 
@@ -205,9 +208,10 @@ RHOS = {"0": lambda: 0.0, "float": lambda: 0.3, "0-d": lambda: torch.tensor(0.3,
 @pytest.mark.parametrize("axis", ["w", "h"])
 @pytest.mark.parametrize("geom", ["step2", "table", "frac"])
 @pytest.mark.parametrize("mask_kind", MASKS)
-def test_fused_data_step_equals_composed(mask_kind, geom, axis, rho):
-    """strided's fused step = z + Aᵀ((y − A z) ⊘ (Φ + ρ)) composed from the loop's A and Aᵀ."""
-    op = make_op(mask_kind, geom, axis, "strided")
+@pytest.mark.parametrize("backend", FUSED)
+def test_fused_data_step_equals_composed(backend, mask_kind, geom, axis, rho):
+    """A fused step = z + Aᵀ((y − A z) ⊘ (Φ + ρ)) composed from the loop's A and Aᵀ."""
+    op = make_op(mask_kind, geom, axis, backend)
     ref = make_op(mask_kind, geom, axis, "loop")
     z, y = rand((B, *op.x_shape)), rand((B, *op.y_shape), seed=2)
     r = RHOS[rho]()
@@ -222,7 +226,7 @@ def test_data_step_tensor_rho_zero_is_guarded():
     op = make_op("3d", "step2", "w", "strided", h=3, w=4)
     assert (op.phi == 0).any()
     z, y = rand((1, *op.x_shape)), rand((1, *op.y_shape), seed=2)
-    for backend in ("strided", "loop"):
+    for backend in ("strided", "numba", "loop"):
         op.backend = BACKENDS[backend]()
         rho = torch.zeros((), dtype=torch.float64, requires_grad=True)
         x = op.data_step(z, y, rho)
@@ -231,7 +235,7 @@ def test_data_step_tensor_rho_zero_is_guarded():
         assert torch.isfinite(rho.grad)
 
 
-@pytest.mark.parametrize("backend", ["strided", "loop", "auto"])
+@pytest.mark.parametrize("backend", ["strided", "numba", "loop", "auto"])
 @pytest.mark.parametrize("geom", ["step2", "frac"])
 def test_data_step_gradcheck(backend, geom):
     """Differentiable in z, y and a learned ρ (per sample), twice (the fused step's backward is itself a step)."""
@@ -249,7 +253,7 @@ def test_data_step_like_an_unrolled_stage():
     """Unrolled networks: ρ a learned 0-d parameter and a per-sample tensor, float32, one backward:
     the fused (strided) step gives the gradients of the composed (loop) one."""
     grads = {}
-    for backend in ("strided", "loop"):
+    for backend in ("strided", "numba", "loop"):
         op = make_op("3d", "step2", "w", backend, torch.float32)
         theta = torch.tensor(-1.0, requires_grad=True)
         alpha = torch.tensor([0.05, 0.5]).view(B, 1, 1, 1).requires_grad_()
@@ -259,12 +263,13 @@ def test_data_step_like_an_unrolled_stage():
         x = op.data_step(x * 0.9, y, alpha)
         (x ** 2).sum().backward()
         grads[backend] = (theta.grad, alpha.grad, z.grad)
-    for a, b in zip(grads["strided"], grads["loop"]):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    for fused in FUSED:
+        for a, b in zip(grads[fused], grads["loop"]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------------------------ batches of masks
-@pytest.mark.parametrize("backend", ["loop", "strided", "scatter", "fold", "conv", "fft"])
+@pytest.mark.parametrize("backend", ["loop", "strided", "scatter", "fold", "conv", "fft", "numba"])
 def test_batch_of_masks_applies_one_mask_per_sample(backend):
     masks = make_mask("batch")
     op = CASSI(masks, step=2, backend=backend)
@@ -297,7 +302,7 @@ def test_per_sample_2d_masks_broadcast_over_bands():
 
 
 # ------------------------------------------------------------------ autograd, dtype, out=
-@pytest.mark.parametrize("backend, geom", supported_pairs(["loop", "strided", "fft", "scatter"], ["step2", "frac", "table"]))
+@pytest.mark.parametrize("backend, geom", supported_pairs(["loop", "strided", "fft", "scatter", "numba"], ["step2", "frac", "table"]))
 def test_gradcheck(backend, geom):
     op = make_op("3d", geom, "h", backend, h=4, w=5)
     x = rand((1, *op.x_shape)).requires_grad_()
@@ -320,7 +325,7 @@ def test_to_dtype_and_float32_float64_agree():
 
 
 @pytest.mark.parametrize("axis", ["w", "h"])
-@pytest.mark.parametrize("backend", ["strided", "loop", "fold", "triton-missing"])
+@pytest.mark.parametrize("backend", ["strided", "numba", "loop", "fold", "triton-missing"])
 def test_out_buffers_and_fresh_results(backend, axis):
     if backend == "triton-missing":
         backend = "scatter"
@@ -423,12 +428,80 @@ def test_auto_picks_a_supported_backend_and_caches():
     x = rand((B, *op.x_shape), torch.float32)
     op(x)
     chosen = op.backend.choice(x, op.mask, op.geometry)
-    assert chosen.name in ("strided", "loop")  # scatter and fold cannot do fractional offsets
+    assert chosen.name in ("numba", "strided", "loop")  # scatter and fold cannot do fractional offsets
     assert op.backend.choice(x, op.mask, op.geometry) is chosen
     with pytest.raises(UnsupportedGeometry, match="no candidate"):
         CASSI(torch.ones(H, W), offsets=[0, 0.5], backend=AutoBackend(candidates=("fold", "scatter")))
     with pytest.raises(ValueError, match="concrete backends"):
         AutoBackend(candidates=("auto",))
+
+
+class _Wrong(Backend):
+    """A deliberately wrong backend: ``loop`` with one defect, and free to be fastest."""
+
+    def __init__(self, defect):
+        self.name, self.defect, self.ref = f"wrong-{defect}", defect, BACKENDS["loop"]()
+
+    def forward(self, x, mask, g, out=None):
+        if self.defect == "raises":
+            raise RuntimeError("kernel exploded")
+        y = self.ref.forward(x, mask, g)
+        if self.defect == "scaled":
+            y = y * 1.001
+        if self.defect == "ignores-out" or out is None:
+            return y
+        return out.copy_(y)
+
+    def adjoint(self, y, mask, g, out=None):
+        x = self.ref.adjoint(y, mask, g, out)
+        if self.defect == "shifted":  # the window of the wrong columns
+            x[..., :-1] = x[..., 1:].clone()
+        return x
+
+
+DEFECTS = ("raises", "scaled", "shifted", "ignores-out")
+
+
+@pytest.mark.parametrize("axis", ["w", "h"])
+@pytest.mark.parametrize("geom", ["step2", "frac"])
+@pytest.mark.parametrize("defect", DEFECTS)
+def test_auto_drops_a_wrong_or_raising_candidate(defect, geom, axis, caplog):
+    """auto checks every candidate against loop before timing it: a wrong one is never chosen, even
+    when it would be the fastest, and the reason is logged."""
+    wrong = _Wrong(defect)
+    auto = AutoBackend(candidates=(wrong, "strided"))
+    op = make_op("batch", geom, axis, auto, torch.float32)
+    ref = make_op("batch", geom, axis, "loop", torch.float32)
+    x = rand((B, *op.x_shape), torch.float32)
+    with caplog.at_level(logging.WARNING, logger="cassi"):
+        torch.testing.assert_close(op(x), ref(x))
+    assert op.backend.choice(op._t(x), op._t(op.mask), op.geometry).name == "strided"
+    reasons = [r[wrong.name] for r in AutoBackend.rejected.values() if wrong.name in r]
+    assert reasons, "the wrong candidate was not dropped"
+    assert ("raised RuntimeError: kernel exploded" if defect == "raises" else "differs from loop") in reasons[0]
+    assert any(wrong.name in m and "dropped" in m for m in caplog.messages)
+
+
+def test_auto_verify_accepts_correct_backends():
+    """``verify`` passes every correct backend on every geometry it supports (no false alarms)."""
+    from cassi.backends.auto import verify
+
+    for geom in GEOMETRIES:
+        for axis in ("w", "h"):
+            for backend in ("loop", "strided", "numba", "scatter", "fold", "conv", "fft"):
+                if not supported(backend, geom):
+                    continue
+                for dtype in (torch.float32, torch.float64):
+                    op = make_op("batch", geom, axis, backend, dtype)
+                    x = op._t(rand((B, *op.x_shape), dtype))
+                    assert verify(op.backend, x, op._t(op.mask), op.geometry) is None, (backend, geom, axis, dtype)
+
+
+def test_auto_says_why_when_no_candidate_is_left():
+    auto = AutoBackend(candidates=(_Wrong("scaled"), _Wrong("raises")))
+    op = make_op("2d", "step2", "w", auto, torch.float32)
+    with pytest.raises(UnsupportedGeometry, match="wrong-scaled: A differs from loop.*wrong-raises: raised"):
+        op(rand((B, *op.x_shape), torch.float32))
 
 
 @pytest.mark.slow
@@ -452,12 +525,12 @@ def test_triton_without_cuda_says_what_it_needs(monkeypatch):
 
 
 def test_every_backend_is_tested():
-    assert set(BACKENDS) == {"loop", "conv", "scatter", "fold", "strided", "fft", "compiled", "triton", "auto"}
+    assert set(BACKENDS) == {"loop", "conv", "scatter", "fold", "strided", "fft", "compiled", "triton", "numba", "auto"}
 
 
 def test_import_cassi_is_light():
     import subprocess
     import sys
 
-    code = "import sys, cassi; bad=[m for m in ('lightning','hydra','pytorch_lightning','omegaconf','triton') if m in sys.modules]; print(bad); sys.exit(bool(bad))"
+    code = "import sys, cassi; bad=[m for m in ('lightning','hydra','pytorch_lightning','omegaconf','triton','numba') if m in sys.modules]; print(bad); sys.exit(bool(bad))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

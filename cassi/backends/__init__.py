@@ -11,6 +11,7 @@ from cassi.backends.conv import ConvBackend
 from cassi.backends.fft import FFTBackend
 from cassi.backends.fold import FoldBackend
 from cassi.backends.loop import LoopBackend
+from cassi.backends.numba import NumbaBackend
 from cassi.backends.scatter import ScatterBackend
 from cassi.backends.strided import StridedBackend
 from cassi.backends.triton import TritonBackend
@@ -18,7 +19,7 @@ from cassi.backends.triton import TritonBackend
 BACKENDS: dict[str, type[Backend]] = {
     b.name: b
     for b in (LoopBackend, ConvBackend, ScatterBackend, FoldBackend, StridedBackend,
-              FFTBackend, CompiledBackend, TritonBackend, AutoBackend)
+              FFTBackend, CompiledBackend, TritonBackend, NumbaBackend, AutoBackend)
 }
 
 

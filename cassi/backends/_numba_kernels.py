@@ -1,0 +1,195 @@
+"""The numba kernels of ``backend="numba"`` (imported on first use by ``cassi.backends.numba``).
+
+Two layouts, both with the inner loop over contiguous memory:
+
+* ``*_w``: dispersion along the last (contiguous) axis. x (B, C, H, W), y (B, 1, H, W+Δ); one task per
+  (sample, row) sums every band into its y row (A) or spreads its y row into every band (Aᵀ):
+
+      A:   y[b,0,h,j]  = Σ_c a_c·z_c[h, j−k_c] + f_c·z_c[h, j−k_c−1],   z = M ⊙ x
+      Aᵀ:  x[b,c,h,w]  = M_c[h,w]·(a_c·r[h, w+k_c] + f_c·r[h, w+k_c+1]),   r = y (or w ⊙ y)
+
+* ``*_h``: dispersion along the rows (axis "h" of the operator, arrays in their stored layout).
+  X (B, C, Hx, Wd), Y (B, 1, Hx+Δ, Wd); one task per (sample, y row) for A, per (sample, x row) for Aᵀ:
+
+      A:   Y[b,0,i,:]  = Σ_c a_c·(M ⊙ X)_c[i−k_c, :] + f_c·(M ⊙ X)_c[i−k_c−1, :]
+      Aᵀ:  X[b,c,h,:]  = M_c[h,:]·(a_c·R[h+k_c, :] + f_c·R[h+k_c+1, :])
+
+with d_c = k_c + f_c, a_c = 1 − f_c. Masks broadcast over batch (Bm = 1) and bands (Cm = 1); the
+weights ``wt`` (Bw, H', W') of pinv / the data step over batch (Bw = 1). Sums run in the arrays'
+dtype (float32 or float64), like the torch backends. ``parallel=True``: the number of threads is set
+by the caller (``numba.set_num_threads``); ``cache=True``: compiled code is kept on disk (the
+``__pycache__`` beside this file, or ``NUMBA_CACHE_DIR``), so a second process does not recompile.
+"""
+import numpy as np
+from numba import njit, prange
+
+_JIT = dict(parallel=True, cache=True, nogil=True, fastmath=False, boundscheck=False)
+_HELPER = dict(cache=True, nogil=True, fastmath=False, boundscheck=False, inline="always")
+
+
+@njit(**_HELPER)
+def _accumulate(acc, x3, m3, h, k, a, f):
+    """acc (W+Δ,) += Σ_c taps of (M ⊙ x)_c[h, :]; x3 (C, H, W), m3 (Cm, H, W)."""
+    C, W = x3.shape[0], x3.shape[2]
+    Cm = m3.shape[0]
+    for c in range(C):
+        xr = x3[c, h]
+        mr = m3[c if Cm > 1 else 0, h]
+        kc, fc = k[c], f[c]
+        if fc == 0:
+            for w in range(W):
+                acc[kc + w] += mr[w] * xr[w]
+        else:  # two taps; written as a gather so that the loop carries no store-to-load dependency
+            ac = a[c]
+            acc[kc] += ac * (mr[0] * xr[0])
+            for w in range(1, W):
+                acc[kc + w] += ac * (mr[w] * xr[w]) + fc * (mr[w - 1] * xr[w - 1])
+            acc[kc + W] += fc * (mr[W - 1] * xr[W - 1])
+
+
+@njit(**_HELPER)
+def _spread(r, x3, m3, h, k, a, f, z3, add):
+    """x3[c, h, :] = (z3[c, h, :] +) M_c[h, :] ⊙ window_c(r) for every band c; r (W+Δ,)."""
+    C, W = x3.shape[0], x3.shape[2]
+    Cm = m3.shape[0]
+    for c in range(C):
+        xr = x3[c, h]
+        mr = m3[c if Cm > 1 else 0, h]
+        kc, fc, ac = k[c], f[c], a[c]
+        if add:
+            zr = z3[c, h]
+            if fc == 0:
+                for w in range(W):
+                    xr[w] = zr[w] + mr[w] * r[kc + w]
+            else:
+                for w in range(W):
+                    xr[w] = zr[w] + mr[w] * (ac * r[kc + w] + fc * r[kc + w + 1])
+        elif fc == 0:
+            for w in range(W):
+                xr[w] = mr[w] * r[kc + w]
+        else:
+            for w in range(W):
+                xr[w] = mr[w] * (ac * r[kc + w] + fc * r[kc + w + 1])
+
+
+# ----------------------------------------------------------------------------- dispersion along w
+@njit(**_JIT)
+def adj_w(y, wt, weighted, m, k, a, f, x, z, add):
+    """x = (z +) Aᵀ(wt ⊙ y) (wt only when ``weighted``): y (B, 1, H, W+Δ) -> x (B, C, H, W)."""
+    B, H = x.shape[0], x.shape[2]
+    Bm, Bw, Wy = m.shape[0], wt.shape[0], y.shape[3]
+    for i in prange(B * H):
+        b, h = i // H, i % H
+        r = y[b, 0, h]
+        if weighted:
+            wr = wt[b if Bw > 1 else 0, h]
+            s = np.empty(Wy, dtype=y.dtype)
+            for j in range(Wy):
+                s[j] = wr[j] * r[j]
+            r = s
+        _spread(r, x[b], m[b if Bm > 1 else 0], h, k, a, f, z[b], add)
+
+
+@njit(**_JIT)
+def step_w(z, y, wt, m, k, a, f, x, u):
+    """u = y − A z and x = z + Aᵀ(wt ⊙ u) in one pass per (b, h): the z row is read again from cache."""
+    B, H = z.shape[0], z.shape[2]
+    Bm, Bw, Wy = m.shape[0], wt.shape[0], y.shape[3]
+    for i in prange(B * H):
+        b, h = i // H, i % H
+        mb = b if Bm > 1 else 0
+        acc = np.zeros(Wy, dtype=y.dtype)
+        _accumulate(acc, z[b], m[mb], h, k, a, f)
+        yr, ur, wr = y[b, 0, h], u[b, 0, h], wt[b if Bw > 1 else 0, h]
+        for j in range(Wy):
+            ur[j] = yr[j] - acc[j]
+            acc[j] = wr[j] * ur[j]
+        _spread(acc, x[b], m[mb], h, k, a, f, z[b], True)
+
+
+# ----------------------------------------------------------------------------- dispersion along h
+@njit(**_HELPER)
+def _accumulate_rows(acc, x3, m3, i, k, a, f):
+    """acc (Wd,) += Σ_c taps of (M ⊙ X)_c landing on y row i; x3 (C, Hx, Wd), m3 (Cm, Hx, Wd)."""
+    C, Hx, Wd = x3.shape
+    Cm = m3.shape[0]
+    for c in range(C):
+        mc = c if Cm > 1 else 0
+        kc, fc = k[c], f[c]
+        h = i - kc  # tap 0 (weight a_c) comes from x row h, tap 1 (weight f_c) from row h − 1
+        if 0 <= h < Hx:
+            xr, mr = x3[c, h], m3[mc, h]
+            if fc == 0:
+                for w in range(Wd):
+                    acc[w] += mr[w] * xr[w]
+            else:
+                ac = a[c]
+                for w in range(Wd):
+                    acc[w] += ac * (mr[w] * xr[w])
+        if fc != 0 and 0 <= h - 1 < Hx:
+            xr, mr = x3[c, h - 1], m3[mc, h - 1]
+            for w in range(Wd):
+                acc[w] += fc * (mr[w] * xr[w])
+
+
+@njit(**_JIT)
+def fwd(x, m, k, a, f, y, rows):
+    """y = A x, one task per (b, y row): dispersion along rows (``rows``: X (B, C, Hx, Wd) ->
+    Y (B, 1, Hx+Δ, Wd)) or along w (x (B, C, H, W) -> y (B, 1, H, W+Δ))."""
+    B, Hy = y.shape[0], y.shape[2]
+    Bm = m.shape[0]
+    for i in prange(B * Hy):
+        b, r = i // Hy, i % Hy
+        yr = y[b, 0, r]
+        yr[:] = 0
+        if rows:
+            _accumulate_rows(yr, x[b], m[b if Bm > 1 else 0], r, k, a, f)
+        else:
+            _accumulate(yr, x[b], m[b if Bm > 1 else 0], r, k, a, f)
+
+
+@njit(**_JIT)
+def adj_h(y, m, k, a, f, x, z, add):
+    """X = (z +) Aᵀ Y along rows: Y (B, 1, Hx+Δ, Wd) -> X (B, C, Hx, Wd), one task per (b, x row)."""
+    B, C, Hx, Wd = x.shape
+    Bm = m.shape[0]
+    Cm = m.shape[1]
+    for i in prange(B * Hx):
+        b, h = i // Hx, i % Hx
+        mb = b if Bm > 1 else 0
+        for c in range(C):
+            xr, mr = x[b, c, h], m[mb, c if Cm > 1 else 0, h]
+            kc, fc, ac = k[c], f[c], a[c]
+            r0 = y[b, 0, h + kc]
+            if fc == 0:
+                if add:
+                    zr = z[b, c, h]
+                    for w in range(Wd):
+                        xr[w] = zr[w] + mr[w] * r0[w]
+                else:
+                    for w in range(Wd):
+                        xr[w] = mr[w] * r0[w]
+            else:
+                r1 = y[b, 0, h + kc + 1]
+                if add:
+                    zr = z[b, c, h]
+                    for w in range(Wd):
+                        xr[w] = zr[w] + mr[w] * (ac * r0[w] + fc * r1[w])
+                else:
+                    for w in range(Wd):
+                        xr[w] = mr[w] * (ac * r0[w] + fc * r1[w])
+
+
+@njit(**_JIT)
+def residual_h(z, y, wt, m, k, a, f, u, r):
+    """u = Y − A Z and r = wt ⊙ u along rows, one task per (b, y row): the data step's first half."""
+    B, Hy, Wd = y.shape[0], y.shape[2], y.shape[3]
+    Bm, Bw = m.shape[0], wt.shape[0]
+    for i in prange(B * Hy):
+        b, j = i // Hy, i % Hy
+        acc = np.zeros(Wd, dtype=y.dtype)
+        _accumulate_rows(acc, z[b], m[b if Bm > 1 else 0], j, k, a, f)
+        yr, ur, rr, wr = y[b, 0, j], u[b, 0, j], r[b, 0, j], wt[b if Bw > 1 else 0, j]
+        for w in range(Wd):
+            ur[w] = yr[w] - acc[w]
+            rr[w] = wr[w] * ur[w]

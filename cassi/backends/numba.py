@@ -1,0 +1,195 @@
+"""``numba``: one-pass CPU kernels compiled at first use (numba JIT, no build step).
+
+Parallel over (sample, row): a task sums all C bands into one y row while that row stays in L1
+(A: x read once, y written once), or spreads one y row into all C bands (Aᵀ: y read from cache,
+x written once). ``pinv`` = Aᵀ(w ⊙ y) scales the y row on the fly; the data step
+x = z + Aᵀ(w ⊙ (y − A z)) computes u = y − A z for a row and at once x for that row (z's row is
+read again from cache). Integer and fractional (two-tap) offsets, both dispersion axes (axis "h"
+runs row kernels on the stored layout, no transposed copies), one mask or a batch of masks,
+float32 and float64; other dtypes and non-CPU devices raise ``UnsupportedGeometry``, which ``auto``
+takes as "not a candidate" (it falls back to another backend). With axis "h" the data step makes
+two passes (u first, then x).
+
+* Inputs are passed to numba as zero-copy ``.numpy()`` views (a copy only when a tensor is neither
+  contiguous nor a transposed contiguous view); ``out=`` buffers are written directly when
+  contiguous. Autograd is the operator's: A's backward is Aᵀ and the reverse.
+* Threads: every call sets ``numba.set_num_threads(torch.get_num_threads())`` (capped at numba's
+  pool, ``NUMBA_NUM_THREADS``, default: the CPU count), so ``torch.set_num_threads`` /
+  ``OMP_NUM_THREADS`` set both. The threading layer is fork-safe (see ``_kernels``); numba's
+  ``workqueue`` layer must not be entered by two Python threads at once, so calls hold a lock.
+* Compilation: a few seconds per dtype and layout on first use; ``cache=True`` keeps the machine
+  code on disk (``cassi/backends/__pycache__``, or ``NUMBA_CACHE_DIR``), so a later process loads
+  it instead of compiling. ``import cassi`` does not import numba: the kernels are imported on the
+  first call.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from functools import lru_cache
+
+import torch
+
+from cassi.backends.base import Backend, UnsupportedGeometry, empty
+
+DTYPES = (torch.float32, torch.float64)
+_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _kernels():
+    """The compiled kernels (``_numba_kernels``), imported on first use. Unless NUMBA_THREADING_LAYER
+    is set, numba's threading layer is a fork-safe one (TBB if installed, else workqueue): with GNU
+    OpenMP, numba aborts a forked child (a DataLoader worker) that calls a kernel after the parent did."""
+    import numba
+
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        numba.config.THREADING_LAYER = "forksafe"
+    from cassi.backends import _numba_kernels
+
+    return _numba_kernels
+
+
+def available() -> bool:
+    """True when numba can be imported."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _threads() -> None:
+    import numba
+
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+def _rows(t: torch.Tensor) -> bool:
+    """True when ``t`` (dispersed axis last) is a transposed view of a contiguous tensor, i.e. the
+    operator's axis "h": then the row kernels run on the stored layout."""
+    return not t.is_contiguous() and t.transpose(-1, -2).is_contiguous()
+
+
+def _np(t: torch.Tensor, rows: bool):
+    """A numpy view (a copy only if needed) of ``t`` in the kernels' layout."""
+    t = t.transpose(-1, -2) if rows else t
+    return t.detach().contiguous().numpy()
+
+
+def _dest(out: torch.Tensor | None, shape, like: torch.Tensor, rows: bool):
+    """(tensor to write, numpy view of it in the kernel layout): ``out`` itself when its layout fits,
+    else a fresh buffer (copied into ``out`` by ``_finish``). ``shape`` is in the dispersed-last view."""
+    if out is not None:
+        o = out.transpose(-1, -2) if rows else out
+        if o.is_contiguous():
+            return out, o.numpy()
+    if rows:
+        t = empty((*shape[:-2], shape[-1], shape[-2]), like)
+        return t.transpose(-1, -2), t.numpy()
+    t = empty(shape, like)
+    return t, t.numpy()
+
+
+def _finish(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None or result is out:
+        return result
+    return out.copy_(result)
+
+
+def _taps(g, dtype: torch.dtype):
+    """(k, a, f) per band as numpy arrays: integer shift, weights 1 − f and f in the data's dtype."""
+    import numpy as np
+
+    nd = np.float32 if dtype == torch.float32 else np.float64
+    k = np.asarray(g.shifts, dtype=np.int64)
+    f = np.asarray(g.fracs, dtype=nd)
+    return k, (1 - f).astype(nd), f
+
+
+def _weights(w: torch.Tensor, y: torch.Tensor, rows: bool):
+    """w broadcast to (Bw, H', W') of y's kernel layout, Bw ∈ {1, B}."""
+    w = w.expand(w.shape[0], 1, *y.shape[-2:])
+    return _np(w[:, 0], rows)
+
+
+class NumbaBackend(Backend):
+    """Fused one-pass CPU kernels (numba JIT) for A, Aᵀ, pinv and the data step."""
+
+    name = "numba"
+
+    def check(self, g, device=None):
+        if device is not None and torch.device(device).type != "cpu":
+            raise UnsupportedGeometry(f"backend 'numba' runs on CPU only, got device {device}; use 'auto'")
+        if not available():
+            raise UnsupportedGeometry("backend 'numba' needs the numba package: pip install numba")
+
+    @staticmethod
+    def _dtype(t: torch.Tensor) -> None:
+        if t.dtype not in DTYPES:
+            raise UnsupportedGeometry(
+                f"backend 'numba' computes float32 and float64 only, got {t.dtype}; "
+                "use backend='auto' (falls back to another backend) or 'strided'")
+        if t.device.type != "cpu":
+            raise UnsupportedGeometry(f"backend 'numba' runs on CPU only, got device {t.device}; use 'auto'")
+
+    def forward(self, x, mask, g, out=None):
+        """A x: (B, C, H, W) -> (B, 1, H, W+Δ), dispersed axis last (the operator's view)."""
+        self._dtype(x)
+        rows = _rows(x)
+        B, _, H, _ = x.shape
+        y, yn = _dest(out, (B, 1, H, g.out_width), x, rows)
+        k, a, f = _taps(g, x.dtype)
+        kern = _kernels()
+        with _LOCK:
+            _threads()
+            kern.fwd(_np(x, rows), _np(mask, rows), k, a, f, yn, rows)
+        return _finish(y, out)
+
+    def _adjoint(self, y, w, mask, g, out, z=None):
+        """(z +) Aᵀ(w ⊙ y) (w None: Aᵀ y): (B, 1, H, W+Δ) -> (B, C, H, W)."""
+        self._dtype(y)
+        rows = _rows(y)
+        B, _, H, _ = y.shape
+        x, xn = _dest(out, (B, g.bands, H, g.width), y, rows)
+        k, a, f = _taps(g, y.dtype)
+        kern = _kernels()
+        zn = xn if z is None else _np(z, rows)
+        with _LOCK:
+            _threads()
+            if rows:
+                yn = _np(y if w is None else y * w, rows)
+                kern.adj_h(yn, _np(mask, rows), k, a, f, xn, zn, z is not None)
+            else:
+                yn = _np(y, rows)
+                wn = yn[:1, 0, :1, :1] if w is None else _weights(w, y, rows)  # unused when w is None
+                kern.adj_w(yn, wn, w is not None, _np(mask, rows), k, a, f, xn, zn, z is not None)
+        return _finish(x, out)
+
+    def adjoint(self, y, mask, g, out=None):
+        """Aᵀ y: (B, 1, H, W+Δ) -> (B, C, H, W)."""
+        return self._adjoint(y, None, mask, g, out)
+
+    def pinv(self, y, w, mask, g, out=None):
+        """Aᵀ(w ⊙ y), w = 1/Φ (0 where Φ = 0): (B, 1, H, W+Δ) -> (B, C, H, W)."""
+        return self._adjoint(y, w, mask, g, out)
+
+    def data_step(self, z, y, w, mask, g):
+        """(x, u): u = y − A z (B, 1, H, W+Δ), x = z + Aᵀ(w ⊙ u) (B, C, H, W)."""
+        self._dtype(z)
+        rows = _rows(z)
+        B, C, H, _ = z.shape
+        x, xn = _dest(None, z.shape, z, rows)
+        u, un = _dest(None, (B, 1, H, g.out_width), z, rows)
+        k, a, f = _taps(g, z.dtype)
+        kern = _kernels()
+        zn, yn, mn, wn = _np(z, rows), _np(y, rows), _np(mask, rows), _weights(w, y, rows)
+        with _LOCK:
+            _threads()
+            if rows:
+                rn = un.copy()  # r = w ⊙ u, y-sized scratch
+                kern.residual_h(zn, yn, wn, mn, k, a, f, un, rn)
+                kern.adj_h(rn, mn, k, a, f, xn, zn, True)
+            else:
+                kern.step_w(zn, yn, wn, mn, k, a, f, xn, un)
+        return x, u

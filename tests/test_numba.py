@@ -1,0 +1,137 @@
+"""The numba backend beyond the shared backend tests of test_operator.py: memory layouts and out=
+buffers, dtypes and devices it refuses (and auto's fallback), threads, the on-disk JIT cache, fork
+safety. Geometry-by-geometry equality with loop, gradcheck and the fused data step are in
+test_operator.py (parametrised over backends)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from cassi import CASSI
+from cassi.backends import AutoBackend, UnsupportedGeometry
+from cassi.backends import numba as nb
+from test_operator import B, C, H, W, make_op, rand
+
+
+@pytest.mark.parametrize("axis", ["w", "h"])
+@pytest.mark.parametrize("geom", ["step2", "frac"])
+def test_non_contiguous_inputs_and_out_buffers(geom, axis):
+    """Slices, broadcast (stride-0) gradients and strided out= views give loop's results; out= is
+    written in place (the returned tensor is out)."""
+    op, ref = make_op("batch", geom, axis, "numba"), make_op("batch", geom, axis, "loop")
+    big = rand((B, 2 * C, H + 3, W + 4))
+    x = big[:, ::2, 1 : H + 1, 2 : W + 2]  # non-contiguous in every dimension
+    y = rand((1, 1, 1, op.y_shape[-1])).expand(B, *op.y_shape)  # stride 0, like the gradient of a sum
+    torch.testing.assert_close(op(x), ref(x))
+    torch.testing.assert_close(op.adjoint(y), ref.adjoint(y))
+    torch.testing.assert_close(op.pinv(y), ref.pinv(y))
+    torch.testing.assert_close(op.data_step(x, y, 0.2), ref.data_step(x, y, 0.2))
+    y_out = torch.full((B, *op.y_shape[:-1], op.y_shape[-1] + 3), float("nan"), dtype=torch.float64)[..., 1:-2]
+    x_out = torch.full((B, C + 1, *op.x_shape[1:]), float("nan"), dtype=torch.float64)[:, 1:]
+    assert op(x, out=y_out) is y_out and op.adjoint(y, out=x_out) is x_out
+    torch.testing.assert_close(y_out, ref(x))
+    torch.testing.assert_close(x_out, ref.adjoint(y))
+    assert op.pinv(y, out=x_out) is x_out
+    torch.testing.assert_close(x_out, ref.pinv(y))
+
+
+@pytest.mark.parametrize("axis", ["w", "h"])
+def test_fresh_outputs_keep_the_operator_layout(axis):
+    """Results are fresh tensors of the usual layout (contiguous (B, C, H, W) / (B, 1, H', W'))."""
+    op = make_op("3d", "step2", axis, "numba", torch.float32)
+    x = rand((B, *op.x_shape), torch.float32)
+    y = op(x)
+    assert y.is_contiguous() and op.adjoint(y).is_contiguous() and op.pinv(y).is_contiguous()
+
+
+def test_other_dtypes_are_refused_and_auto_falls_back():
+    mask = (torch.rand(H, W) > 0.4).to(torch.bfloat16)
+    x = torch.rand(B, C, H, W).to(torch.bfloat16)
+    with pytest.raises(UnsupportedGeometry, match="float32 and float64 only, got torch.bfloat16"):
+        CASSI(mask, bands=C, step=2, backend="numba")(x)
+    op = CASSI(mask, bands=C, step=2, backend=AutoBackend(candidates=("numba", "strided", "loop")))
+    ref = CASSI(mask, bands=C, step=2, backend="loop")
+    torch.testing.assert_close(op(x).float(), ref(x).float(), rtol=2e-2, atol=2e-2)
+    assert op.backend.choice(x, op.mask, op.geometry).name != "numba"
+    why = [r["numba"] for k, r in AutoBackend.rejected.items() if k and k[2] == torch.bfloat16 and "numba" in r]
+    assert why and why[0].startswith("unsupported") and "bfloat16" in why[0]
+
+
+def test_refuses_other_devices_and_a_missing_numba(monkeypatch):
+    g = make_op("2d", "step2", "w", "loop").geometry
+    with pytest.raises(UnsupportedGeometry, match="CPU only"):
+        nb.NumbaBackend().check(g, torch.device("cuda"))
+    monkeypatch.setattr(nb, "available", lambda: False)
+    with pytest.raises(UnsupportedGeometry, match="pip install numba"):
+        make_op("2d", "step2", "w", "numba")
+
+
+def test_threads_follow_torch():
+    import numba
+
+    op = make_op("3d", "frac", "w", "numba", torch.float32)
+    x = rand((B, *op.x_shape), torch.float32)
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            op(x)
+            assert numba.get_num_threads() == min(n, numba.config.NUMBA_NUM_THREADS)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _python(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path, env={**os.environ, **env})
+
+
+@pytest.mark.slow
+def test_jit_cache_spares_a_second_process_the_compilation(tmp_path):
+    """cache=True: the first process compiles and writes the cache (here under tmp_path), the second
+    loads it (numba's dispatcher counts cache hits and misses)."""
+    code = """
+        import torch
+        from cassi import CASSI
+        from cassi.backends.numba import _kernels
+        op = CASSI(torch.rand(6, 7), bands=3, step=2, backend="numba")
+        op(torch.rand(1, 3, 6, 7))
+        s = _kernels().fwd.stats
+        print(sum(s.cache_hits.values()), sum(s.cache_misses.values()))
+    """
+    cache = tmp_path / "numba_cache"
+    first = _python(code, tmp_path, NUMBA_CACHE_DIR=str(cache))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == ["0", "1"]
+    assert any(cache.rglob("*.nbi")) and any(cache.rglob("*.nbc"))
+    second = _python(code, tmp_path, NUMBA_CACHE_DIR=str(cache))
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split() == ["1", "0"]
+
+
+def test_a_forked_child_can_run_the_kernels(tmp_path):
+    """DataLoader workers are forked: a child must be able to call a kernel after its parent did (with
+    GNU OpenMP as numba's threading layer, numba aborts such a child)."""
+    code = """
+        import multiprocessing as mp
+        import torch
+        from cassi import CASSI
+        op = CASSI(torch.rand(6, 7), bands=3, step=2, backend="numba")
+        x = torch.rand(2, 3, 6, 7)
+        expected = op(x)
+        def child(q):
+            q.put(torch.equal(op(x), expected))
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        p.join(300)
+        print(p.exitcode, q.get(timeout=5) if p.exitcode == 0 else None)
+    """
+    r = _python(code, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "True"], r.stdout + r.stderr
+
