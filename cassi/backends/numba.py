@@ -146,24 +146,23 @@ class NumbaBackend(Backend):
             kern.fwd(_np(x, rows), _np(mask, rows), k, a, f, yn, rows)
         return _finish(y, out)
 
-    def _adjoint(self, y, w, mask, g, out, z=None):
-        """(z +) Aᵀ(w ⊙ y) (w None: Aᵀ y): (B, 1, H, W+Δ) -> (B, C, H, W)."""
+    def _adjoint(self, y, w, mask, g, out):
+        """Aᵀ(w ⊙ y) (w None: Aᵀ y): (B, 1, H, W+Δ) -> (B, C, H, W)."""
         self._dtype(y)
         rows = _rows(y)
         B, _, H, _ = y.shape
         x, xn = _dest(out, (B, g.bands, H, g.width), y, rows)
         k, a, f = _taps(g, y.dtype)
         kern = _kernels()
-        zn = xn if z is None else _np(z, rows)
         with _LOCK:
             _threads()
             if rows:
                 yn = _np(y if w is None else y * w, rows)
-                kern.adj_h(yn, _np(mask, rows), k, a, f, xn, zn, z is not None)
+                kern.adj_h(yn, _np(mask, rows), k, a, f, xn, xn, False)
             else:
                 yn = _np(y, rows)
                 wn = yn[:1, 0, :1, :1] if w is None else _weights(w, y, rows)  # unused when w is None
-                kern.adj_w(yn, wn, w is not None, _np(mask, rows), k, a, f, xn, zn, z is not None)
+                kern.adj_w(yn, wn, w is not None, _np(mask, rows), k, a, f, xn, xn, False)
         return _finish(x, out)
 
     def adjoint(self, y, mask, g, out=None):
@@ -178,7 +177,7 @@ class NumbaBackend(Backend):
         """(x, u): u = y − A z (B, 1, H, W+Δ), x = z + Aᵀ(w ⊙ u) (B, C, H, W)."""
         self._dtype(z)
         rows = _rows(z)
-        B, C, H, _ = z.shape
+        B, _, H, _ = z.shape
         x, xn = _dest(None, z.shape, z, rows)
         u, un = _dest(None, (B, 1, H, g.out_width), z, rows)
         k, a, f = _taps(g, z.dtype)
