@@ -347,7 +347,7 @@ def save_learning_curves(path, curves: dict, baselines: dict | None = None, xlab
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left")
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()

@@ -166,9 +166,12 @@ def test_on_after_batch_transfer_simulates_only_without_y():
     assert dm.on_after_batch_transfer(out, 0) is out  # has y: untouched
     real = {"y": torch.rand(1, 1, 8, 12), "mask": torch.ones(1, 1, 8, 8), "name": ["r"]}
     assert dm.on_after_batch_transfer(real, 0) is real
-    dm.trainer = SimpleNamespace(training=True)  # training draws from the global RNG
-    torch.manual_seed(0)
+    # training draws from (seed, epoch, step, names): replayed exactly on resume, new at every step
+    dm.trainer = SimpleNamespace(training=True, current_epoch=3, global_step=40)
     t1 = dm.on_after_batch_transfer(batch, 0)["mask"]
+    assert torch.equal(t1, dm.on_after_batch_transfer(batch, 0)["mask"])
+    assert not torch.equal(t1, out["mask"])  # not the evaluation mask of the same scene
+    dm.trainer = SimpleNamespace(training=True, current_epoch=3, global_step=41)
     assert not torch.equal(t1, dm.on_after_batch_transfer(batch, 0)["mask"])
     with pytest.raises(ValueError, match="no simulator"):
         CASSIDataModule().on_after_batch_transfer(batch, 0)
@@ -227,7 +230,7 @@ def batch_of(dm, split):
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
 def test_every_data_config_instantiates(name, tmp_path, request):
     overrides = []
-    if name.startswith(("shared", "real", "measurements", "cave_train")):
+    if name.startswith(("shared", "real", "measurements", "cave_train", "cave_real", "cave_val")):
         overrides.append(f"+paths.shared_data={request.getfixturevalue('shared_data')}")
     if name == "measurements":
         overrides += ["data.predict.entries=${paths.shared_data}/real/tsa_real_scene1.mat",

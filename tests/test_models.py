@@ -271,3 +271,14 @@ def test_export_weights_is_small_and_loads_like_the_checkpoint(tmp_path):
             a, b = loaded(op, op(x)), model(op, op(x))
         assert torch.allclose(a, b, atol=0 if not half else 1e-2) and (half or torch.equal(a, b))
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_config_built_by_hydra_is_plain_data(tmp_path):
+    """A model instantiated from its Hydra config (lists arrive as ListConfig) stores plain lists, so the
+    checkpoint TrainingModule writes loads with torch.load(weights_only=True)."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["model=dauhst_2stg", "model.dim=4", "model.window=4", "bands=4"])
+    model = instantiate(cfg.model)
+    assert type(model.config["blocks"]) is list
+    path = fake_checkpoint(tmp_path / "d.ckpt", model)
+    assert type(load_model(path)).__name__ == "DAUHST"

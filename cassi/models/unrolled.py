@@ -15,6 +15,7 @@ Families (the data step is ``op.data_step``: z + Aᵀ((y − A z) ⊘ (Φ + ρ))
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from typing import Sequence
 
 import torch
@@ -29,11 +30,24 @@ PRIORS = {"unet": UNet, "resstack": ResStack}
 __all__ = ["Unrolled", "GAPNet", "ADMMNet", "DAUHST"]
 
 
+def _plain(v):
+    """Plain Python data (dicts, lists, numbers, strings) of a constructor argument: sequences and mappings of
+    any type (tuples, Hydra's ListConfig/DictConfig) become lists and dicts, so that a checkpoint holding
+    the config loads with ``torch.load(weights_only=True)``."""
+    if v is None or isinstance(v, (str, bytes, bool, int, float)):
+        return v
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, Iterable):
+        return [_plain(x) for x in v]
+    return v
+
+
 def _config(model: nn.Module, args: dict) -> dict:
-    """The constructor call that rebuilds ``model``: {"_target_": class path, **arguments}."""
+    """The constructor call that rebuilds ``model``: {"_target_": class path, **arguments as plain data}."""
     cls = type(model)
     return {"_target_": f"{cls.__module__}.{cls.__qualname__}",
-            **{k: (list(v) if isinstance(v, tuple) else v) for k, v in args.items() if k not in ("self", "__class__")}}
+            **{k: _plain(v) for k, v in args.items() if k not in ("self", "__class__")}}
 
 
 def _inverse_softplus(v: float) -> float:
