@@ -5,6 +5,7 @@ time per scene, training steps and CPU-hours, geometry; plus its reference outpu
 
     python scripts/model_card.py ckpt=runs/cave_tsa/checkpoints/best-epoch010-step2816.ckpt name=cave_tsa ship=true
 """
+import io
 import tempfile
 from pathlib import Path
 
@@ -14,9 +15,10 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from cassi.io import write_text_atomic
 from cassi.lightning.callbacks import ResultsTable
 from cassi.lightning.module import ReconstructionModule
-from cassi.models import export_weights, load_model
+from cassi.models import export_weights, load_model, resolve_checkpoint
 from cassi.models.card import card_markdown, reference_input, reference_output
 
 
@@ -34,14 +36,14 @@ def main(cfg: DictConfig) -> None:
     operator = instantiate(cfg.operator, _partial_=True)
     model = load_model(cfg.ckpt, operator=operator)
     out = Path(cfg.out_dir)
-    weights = export_weights(cfg.ckpt, Path(tempfile.mkdtemp()) / f"{cfg.name}.ckpt")
     methods = {"A⁺y": instantiate(cfg.baselines.pinv), "GAP-TV": instantiate(cfg.baselines.gap_tv), cfg.name: model}
     results = {split: {label: score(cfg, rec, operator, split) for label, rec in methods.items()}
                for split in ("validation", "test")}
     half = cfg.half
     if half == "auto":  # float16 storage only if the validation PSNR stays within 0.05 dB of float32
-        export_weights(cfg.ckpt, weights.with_name("half.ckpt"), half=True)
-        rows = score(cfg, load_model(weights.with_name("half.ckpt"), operator=operator), operator, "validation")
+        with tempfile.TemporaryDirectory() as tmp:
+            fp16 = load_model(export_weights(cfg.ckpt, Path(tmp) / "half.ckpt", half=True), operator=operator)
+        rows = score(cfg, fp16, operator, "validation")
         gap = max(abs(a["psnr"] - b["psnr"]) for a, b in zip(rows, results["validation"][cfg.name]))
         half = gap <= 0.05
         print(f"float16 weights: largest validation PSNR change {gap:.4f} dB -> {'float16' if half else 'float32'}")
@@ -50,12 +52,13 @@ def main(cfg: DictConfig) -> None:
         weights = export_weights(cfg.ckpt, out / f"{cfg.name}.ckpt", half=bool(half))
         shipped = load_model(weights)
         x, op = reference_input(shipped)
-        torch.save({"x": x, "mask": op.mask, "out": reference_output(shipped)}, out / f"{cfg.name}.reference.pt")
+        buf = io.BytesIO()
+        torch.save({"x": x, "mask": op.mask, "out": reference_output(shipped)}, buf)
+        write_text_atomic(out / f"{cfg.name}.reference.pt", buf.getvalue())
         model = shipped
-    text = card_markdown(cfg.name, model, torch.load(cfg.ckpt, map_location="cpu", weights_only=True), results,
-                         notes=cfg.notes, half=bool(half))
+    trained = torch.load(resolve_checkpoint(cfg.ckpt), map_location="cpu", weights_only=True)
+    text = card_markdown(cfg.name, model, trained, results, notes=cfg.notes, half=bool(half))
     path = out / f"{cfg.name}.md" if cfg.ship else Path(cfg.paths.output_dir) / f"{cfg.name}.md"
-    from cassi.io import write_text_atomic
     write_text_atomic(path, text)
     print(text)
     print(f"wrote {path}" + (f" and {out / cfg.name}.ckpt" if cfg.ship else ""))

@@ -136,5 +136,5 @@ class CASSIDataModule(L.LightningDataModule):
         names = batch.get("name") or []
         # training masks/noise drawn from (seed, epoch, step, names): a resumed run sees the same batches
         where = ("train", self.trainer.current_epoch, self.trainer.global_step) if training else ()
-        gen = torch.Generator(batch["x"].device).manual_seed(stable_seed(self.seed, *where, *names))
+        gen = torch.Generator().manual_seed(stable_seed(self.seed, *where, *names))
         return self.simulator(batch, generator=gen, training=training)

@@ -9,6 +9,7 @@ the weights (``state_dict``, EMA weights when EMA was on) it holds an entry ``"c
 from __future__ import annotations
 
 import importlib
+import io
 import os
 from pathlib import Path
 
@@ -92,26 +93,22 @@ def export_weights(path, out, half: bool = False) -> Path:
     "monitor" (the best validation value, when the checkpoint records one), "state_dict": the model's weights
     (the EMA weights when EMA was on), in float16 with ``half``}. It loads with :func:`load_model` and
     starts a new training run with ``init_weights=`` (no optimizer or schedule state: a few MB)."""
-    src = resolve_checkpoint(path)
-    ckpt = _read(src)
+    from cassi.io import write_text_atomic
+
+    ckpt = _read(resolve_checkpoint(path))
     info = dict(ckpt["cassi"])
     info.setdefault("step", ckpt.get("global_step"))
-    scores = [s.get("best_model_score") for k, s in ckpt.get("callbacks", {}).items()
-              if k.startswith("ModelCheckpoint") and isinstance(s, dict) and s.get("monitor")]
-    if scores and scores[0] is not None:
-        info["monitor"] = {"name": next(s["monitor"] for k, s in ckpt["callbacks"].items()
-                                        if k.startswith("ModelCheckpoint") and isinstance(s, dict) and s.get("monitor")),
-                           "best": float(scores[0])}
+    best = next((s for k, s in ckpt.get("callbacks", {}).items() if k.startswith("ModelCheckpoint")
+                 and isinstance(s, dict) and s.get("monitor") and s.get("best_model_score") is not None), None)
+    if best is not None:
+        info["monitor"] = {"name": best["monitor"], "best": float(best["best_model_score"])}
     state = {k: (v.half() if half and v.is_floating_point() else v) for k, v in ckpt["state_dict"].items()
              if k.startswith(PREFIX)}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        torch.save({"cassi": info, "state_dict": state}, tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    buf = io.BytesIO()
+    torch.save({"cassi": info, "state_dict": state}, buf)
+    write_text_atomic(out, buf.getvalue())
     return out
 
 
