@@ -270,8 +270,8 @@ th{background:#f4f4f4}img{image-rendering:pixelated}.err{color:#b00000;font-weig
 
 def report_html(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> str:
     """A self-contained HTML page: one table row per scene (``rows`` as in the run summary, plus "files":
-    {"preview", "mosaic", "spectra", "compare", "cube"} paths relative to the page), pictures by relative path,
-    no scripts, no network."""
+    {"preview", "mosaic", "spectra", "compare", "cube", "baseline", "baseline_compare"} paths relative to the
+    page; a baseline column appears when a row has one), pictures by relative path, no scripts, no network."""
     esc = html.escape
     metric_keys = [k for k in dict.fromkeys(k for r in rows for k in r)
                    if k not in ("name", "files", "error", "status", "rendering")]
@@ -280,7 +280,9 @@ def report_html(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> 
             f"<style>{_CSS}</style></head><body>", f"<h1>{esc(title)}</h1>",
             f"<p>{len(rows)} scene(s), {len(rows) - failed} reconstructed, {failed} failed.</p>"]
     head += [f"<p class=small>{esc(n)}</p>" for n in notes]
-    body = ["<table>", "<tr><th>scene</th><th>preview</th><th>result</th><th>spectra</th></tr>"]
+    beside = any((r.get("files") or {}).get("baseline") for r in rows)
+    body = ["<table>", "<tr><th>scene</th><th>preview</th>" + ("<th>baseline</th>" if beside else "")
+            + "<th>result</th><th>spectra</th></tr>"]
 
     def img(rel, width, alt):
         return f'<a href="{esc(rel)}"><img src="{esc(rel)}" width="{width}" alt="{esc(alt)}"></a>'
@@ -308,7 +310,14 @@ def report_html(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> 
             result = "<table>" + "".join(f"<tr><td>{esc(k)}</td><td class=num>{fmt(r[k])}</td></tr>"
                                          for k in metric_keys if r.get(k) is not None) + "</table>"
         spectra = img(files["spectra"], 420, f"{r['name']} spectra") if files.get("spectra") else ""
-        body.append(f"<tr><td>{''.join(cell)}</td><td>{preview}</td><td>{result}</td><td>{spectra}</td></tr>")
+        base = ""
+        if beside:
+            base = img(files["baseline"], 256, f"{r['name']} baseline") if files.get("baseline") else ""
+            if files.get("baseline_compare"):
+                base += (f'<div class=small><a href="{esc(files["baseline_compare"])}">truth | baseline | '
+                         f'error</a></div>')
+            base = f"<td>{base}</td>"
+        body.append(f"<tr><td>{''.join(cell)}</td><td>{preview}</td>{base}<td>{result}</td><td>{spectra}</td></tr>")
     body.append("</table></body></html>")
     return "\n".join(head + body) + "\n"
 

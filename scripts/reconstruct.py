@@ -5,7 +5,8 @@
     python scripts/reconstruct.py data=measurements data.predict.entries='meas/*.mat' data.predict.mask=mask.mat
     python scripts/reconstruct.py output_dir=runs/real data=real   # again: complete scenes are kept, the rest redone
     python scripts/reconstruct.py solver=admm_tv operator.backend=strided writer.fmt=h5 preview=false tile=null
-    python scripts/reconstruct.py data=real ckpt=outputs/<run>/checkpoints/best-….ckpt   # a trained model
+    python scripts/reconstruct.py data=real ckpt=outputs/<run>/checkpoints/best-….ckpt   # a trained model,
+                                                                # beside the solver (GAP-TV; ~solver: alone)
 Writes, in the run folder, reconstructions/<name>.<fmt> (with wavelengths and geometry), previews/<name>*.png,
 scenes/<name>.json, summary.{md,csv,json} and index.html. Exit status: 0 when every input was reconstructed,
 3 when some failed (the others are written; one line per failed input at the end), 1 when the run itself failed.
@@ -34,9 +35,12 @@ def main(cfg: DictConfig) -> None:
     operator = instantiate(cfg.operator, _partial_=True)
     # a checkpoint's band count and dispersion are checked against the configured operator here, before any work
     reconstructor = load_model(cfg.ckpt, operator=operator) if cfg.ckpt else instantiate(cfg.solver)
+    # with a trained model, the configured solver (GAP-TV by default) runs beside it (~solver: not)
+    baseline = instantiate(cfg.solver) if cfg.ckpt and cfg.get("solver") else None
     if cfg.tile:
         reconstructor = instantiate(cfg.tile, reconstructor)
-    module = ReconstructionModule(reconstructor, operator, skip=writer.complete)
+        baseline = instantiate(cfg.tile, baseline) if baseline is not None else None
+    module = ReconstructionModule(reconstructor, operator, skip=writer.complete, baseline=baseline)
     trainer = instantiate(cfg.trainer, callbacks=[*instantiate(cfg.trainer.callbacks), writer])
     trainer.predict(module, datamodule=datamodule, return_predictions=False)
     if not trainer.is_global_zero:

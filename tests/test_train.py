@@ -136,11 +136,22 @@ def test_reconstruct_accepts_a_checkpoint_and_checks_it_before_any_work(trained,
     ckpt = trained / "checkpoints" / "last.ckpt"
     common = [f"ckpt={ckpt}", "bands=6", "wavelengths=null", "data.test.n=2", "data.test.height=24",
               "data.test.width=20", "operator.backend=strided"]
-    run("reconstruct.py", *common, f"output_dir={tmp_path / 'ok'}")
+    run("reconstruct.py", *common, "solver.iters=5", f"output_dir={tmp_path / 'ok'}")
     written = sorted(p.name for p in (tmp_path / "ok" / "reconstructions").iterdir())
     assert len(written) == 2 and (tmp_path / "ok" / "index.html").is_file()
     summary = json.loads((tmp_path / "ok" / "summary.json").read_text())
     assert all(np.isfinite(s["psnr"]) for s in summary["scenes"])
+    # the configured solver (GAP-TV) ran beside the model: its scores, pictures and a report column
+    assert all(np.isfinite(s["baseline_psnr"]) and s["baseline_psnr"] != s["psnr"] for s in summary["scenes"])
+    page = (tmp_path / "ok" / "index.html").read_text()
+    assert "<th>baseline</th>" in page and "GAPTV(iters=5" in page
+    for s in summary["scenes"]:
+        for kind in ("baseline", "baseline_compare"):
+            assert (tmp_path / "ok" / "previews" / f"{s['name']}_{kind}.png").is_file()
+    run("reconstruct.py", *common, "~solver", f"output_dir={tmp_path / 'alone'}")
+    alone = json.loads((tmp_path / "alone" / "summary.json").read_text())
+    assert not any(k.startswith("baseline") for s in alone["scenes"] for k in s)
+    assert "<th>baseline</th>" not in (tmp_path / "alone" / "index.html").read_text()
     r = run("reconstruct.py", *common, "operator.step=1", f"output_dir={tmp_path / 'bad'}", ok=False)
     assert r.returncode != 0 and "was trained for dispersion offsets" in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "bad" / "reconstructions").exists()
@@ -192,15 +203,20 @@ def _cube_tree(root: Path, bands: int = 28, size: int = 40) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_fast_dev_run_of_every_experiment(experiment, tmp_path, shared_data):
-    small = {"gapnet": ["model.width=4", "model.depth=2"], "admmnet": ["model.width=4", "model.depth=2"],
-             "dauhst": ["model.dim=4", "model.window=4"]}
-    family = next((k for k in small if k in experiment), "gapnet")  # tiny_cpu, cave_tsa, tsa_real: GAP-Net
-    overrides = [f"experiment={experiment}", "model.stages=2", *small[family], "trainer.fast_dev_run=2",
-                 "trainer.accelerator=cpu", "trainer.devices=1", "data.batch_size=2", "data.num_workers=0",
-                 "data.pin_memory=false", "data.train.patch_size=32", "data.val.crop_to=32",
-                 f"paths.shared_data={shared_data}", f"paths.data_dir={tmp_path / 'data'}"]
+    small = {"gapnet": ["model.stages=2", "model.width=4", "model.depth=2", "data.train.patch_size=32"],
+             "admmnet": ["model.stages=2", "model.width=4", "model.depth=2", "data.train.patch_size=32"],
+             "dauhst": ["model.stages=2", "model.dim=4", "model.window=4", "data.train.patch_size=32"],
+             # GAP-TV on two 32² training scenes, windows of 16²
+             "Refiner": ["model.width=4", "model.depth=2", "data.train.cubes.samples_per_epoch=2",
+                         "data.train.cubes.patch_size=32", "data.train.patch_size=16"]}
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        tested = compose("train", overrides=[f"experiment={experiment}"]).test
+        cfg = compose("train", overrides=[f"experiment={experiment}"])
+    family = next((k for k in small if k in experiment or cfg.model._target_.endswith(k)), "gapnet")
+    overrides = [f"experiment={experiment}", *small[family], "trainer.fast_dev_run=2",
+                 "trainer.accelerator=cpu", "trainer.devices=1", "data.batch_size=2", "data.num_workers=0",
+                 "data.pin_memory=false", "data.val.crop_to=32",
+                 f"paths.shared_data={shared_data}", f"paths.data_dir={tmp_path / 'data'}"]
+    tested = cfg.test
     if experiment.endswith("_cave"):  # the published protocol's data layout, in miniature
         _cube_tree(tmp_path / "data")
         overrides.append("data.test.crop_to=32")

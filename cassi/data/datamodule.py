@@ -103,6 +103,14 @@ class CASSIDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers, self.seed, self.pin_memory = num_workers, seed, pin_memory
 
+    def setup(self, stage: str | None = None) -> None:
+        """Before fitting, training datasets with a ``prepare()`` (precomputed inputs, e.g.
+        ``cassi.models.FirstIterates``) compute them here, in the main process."""
+        if stage in (None, "fit") and self.datasets["train"] is not None:
+            for part in _parts(self.datasets["train"]):
+                if callable(getattr(part, "prepare", None)):
+                    part.prepare()
+
     def _loader(self, split: str, batch_size: int, sampler=None) -> DataLoader | list:
         ds = self.datasets[split]
         if ds is None:
@@ -127,8 +135,9 @@ class CASSIDataModule(L.LightningDataModule):
         return self._loader("predict", self.eval_batch_size)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
-        """Simulate "mask" and "y" on the batch's device when it has "x" but no "y"."""
-        if not isinstance(batch, dict) or "x" not in batch or "y" in batch:
+        """Simulate "mask" and "y" on the batch's device when it has "x" but no "y" (nor a model input
+        "x0" of its own, as ``cassi.models.FirstIterates`` windows have)."""
+        if not isinstance(batch, dict) or "x" not in batch or "y" in batch or "x0" in batch:
             return batch
         if self.simulator is None:
             raise ValueError("the batch has ground truth 'x' but no measurement 'y', and no simulator is configured")

@@ -430,13 +430,17 @@ def write_array(path: str | os.PathLike, array: np.ndarray, key: str, meta: dict
     return path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
-    """Write ``text`` (or bytes, e.g. a PNG) to ``path`` via a temporary file beside it and ``os.replace``:
+def write_text_atomic(path: str | os.PathLike, text: str | bytes | Callable[[Path], object]) -> Path:
+    """Write ``text`` (or bytes, e.g. a PNG; or call ``text(tmp)``, a function writing the file it is given,
+    e.g. ``lambda tmp: torch.save(obj, tmp)``) to ``path`` via a temporary file beside it and ``os.replace``:
     readers see the old file or the whole new one; a failure leaves no temporary file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
+        if callable(text):
+            text(tmp)
+        else:
+            tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -42,7 +42,9 @@ class CubeWriter(BasePredictionWriter):
     - with ``preview``: ``previews/<name>.png`` (sRGB from the spectrum, or labelled false colour without
       wavelengths: ``cassi.viz``), ``previews/<name>_bands.png`` (band mosaic), ``previews/<name>_spectra.png``
       (spectra of a few points) and, with ground truth, ``previews/<name>_compare.png`` (truth | reconstruction
-      | error);
+      | error); with a baseline beside the method (``ReconstructionModule(baseline=...)``),
+      ``previews/<name>_baseline.png`` and ``previews/<name>_baseline_compare.png``, and its metrics, residual
+      and time as ``baseline_*`` columns;
     - ``scenes/<name>.json``: its summary row and files, written last: a scene is *complete* when this record
       and every file it lists are present and readable (:meth:`complete`), which a half-written scene never is
       (every file is written atomically and the old record is removed first).
@@ -77,6 +79,7 @@ class CubeWriter(BasePredictionWriter):
         self.summary_paths: list[Path] = []
         self._records: dict[str, dict] = {}
         self._seen: set[str] = set()
+        self.baseline, self.baseline_title = False, None  # on_predict_start: a baseline runs beside the method
 
     # ------------------------------------------------------------------ files
     def files(self, name: str, truth: bool) -> dict[str, str]:
@@ -87,6 +90,10 @@ class CubeWriter(BasePredictionWriter):
                          spectra=f"previews/{name}_spectra.png")
             if truth:
                 files["compare"] = f"previews/{name}_compare.png"
+            if self.baseline:
+                files["baseline"] = f"previews/{name}_baseline.png"
+                if truth:
+                    files["baseline_compare"] = f"previews/{name}_baseline_compare.png"
         return files
 
     def _record_path(self, name: str) -> Path:
@@ -114,8 +121,10 @@ class CubeWriter(BasePredictionWriter):
         self._records[name] = record
         return True
 
-    def _write_scene(self, name: str, x: torch.Tensor, gt: torch.Tensor | None, row: dict) -> dict:
-        """Write the cube and pictures of one scene, then its record; returns its files."""
+    def _write_scene(self, name: str, x: torch.Tensor, gt: torch.Tensor | None, row: dict,
+                     base: torch.Tensor | None = None) -> dict:
+        """Write the cube and pictures of one scene (and of the baseline's estimate ``base``), then its record;
+        returns its files."""
         self._record_path(name).unlink(missing_ok=True)  # until the record is back, the scene is incomplete
         files = self.files(name, gt is not None)
         out = {k: self.output_dir / v for k, v in files.items()}
@@ -126,6 +135,11 @@ class CubeWriter(BasePredictionWriter):
             viz.save_spectra(out["spectra"], x, self.wavelengths, truth=gt)
             if gt is not None:
                 viz.save_comparison(out["compare"], gt, x, self.wavelengths, psnr=row.get("psnr"))
+            if base is not None:
+                viz.save_preview(out["baseline"], base, self.wavelengths)
+                if gt is not None:
+                    viz.save_comparison(out["baseline_compare"], gt, base, self.wavelengths,
+                                        psnr=row.get("baseline_psnr"))
         self._record_path(name).parent.mkdir(parents=True, exist_ok=True)
         record = {"row": row, "files": files, "truth": gt is not None}
         write_text_atomic(self._record_path(name), json.dumps(record, indent=1))
@@ -135,6 +149,8 @@ class CubeWriter(BasePredictionWriter):
     # ------------------------------------------------------------------ hooks
     def on_predict_start(self, trainer, pl_module) -> None:
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.baseline = getattr(pl_module, "baseline", None) is not None
+        self.baseline_title = repr(pl_module.baseline) if self.baseline else None
         self.rows, self.failed, self.written, self._seen = [], [], [], set()
         for ds in _predict_datasets(trainer):
             for path, reason in getattr(ds, "skipped", []):  # inputs the dataset refused before any work
@@ -169,8 +185,15 @@ class CubeWriter(BasePredictionWriter):
             row = {"name": name, **{k: float(v[i]) for k, v in metrics.items()},
                    "residual": float(prediction["residual"][i]), "time": prediction["time"],
                    "iterations": prediction["iterations"]}
+            base = prediction.get("baseline")
+            if base is not None:
+                row.update({f"baseline_{k}": float(v[i]) for k, v in base.get("metrics", {}).items()})
+                row.update(baseline_residual=float(base["residual"][i]), baseline_time=base["time"])
+                base = base["x"][i].detach().float().cpu()
+                base = base.clamp_min(0) if self.nonnegative else base
             try:
-                files = self._write_scene(name, x[i], None if gt is None else gt[i].detach().float().cpu(), row)
+                files = self._write_scene(name, x[i], None if gt is None else gt[i].detach().float().cpu(), row,
+                                          base)
             except Exception as e:  # noqa: BLE001 - one scene that cannot be written must not lose the others
                 self._fail(name, f"could not write its outputs: {type(e).__name__}: {e}")
                 continue
@@ -187,7 +210,8 @@ class CubeWriter(BasePredictionWriter):
         table = [{k: r.get(k) for k in keys} for r in self.rows]
         self.summary_paths = write_table(table, self.output_dir / "summary", title)
         bands = self.meta.get("bands") or (len(self.wavelengths) if self.wavelengths else None)
-        notes = [f"Method: {title}",
+        notes = [f"Method: {title}"] + ([f"Baseline beside it (baseline_* columns): {self.baseline_title}"]
+                                        if self.baseline else []) + [
                  f"Pictures: {viz.rendering(self.wavelengths, bands)}; exposure: auto (99th percentile of "
                  f"the luminance); error maps: spectral RMSE. Table: summary.md, summary.csv, summary.json."]
         page = viz.report_html(self.rows, f"cassi reconstruct: {self.output_dir.name}", notes)

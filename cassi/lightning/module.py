@@ -27,28 +27,30 @@ class ReconstructionModule(L.LightningModule):
             carrying bands/step/offsets/axis/backend).
         skip: optional callable ``name -> bool``: ``predict_step`` does not reconstruct a batch whose
             every scene it accepts (e.g. :meth:`cassi.lightning.callbacks.CubeWriter.complete`).
+        baseline: optional second reconstructor run beside it in ``predict_step`` (e.g. GAP-TV beside a
+            trained model): its estimate, stats and metrics come back under "baseline".
     After ``trainer.test``, ``self.rows`` holds one dict per scene of this process (name,
     metrics, time in s, iterations); :class:`cassi.lightning.callbacks.ResultsTable` gathers
     them over processes and writes the table.
     """
 
     def __init__(self, reconstructor: Callable, operator: Callable[..., CASSI],
-                 skip: Callable[[str], bool] | None = None):
+                 skip: Callable[[str], bool] | None = None, baseline: Callable | None = None):
         super().__init__()
-        self.reconstructor = reconstructor
+        self.reconstructor, self.baseline = reconstructor, baseline
         self.operator = operator
         self.skip = skip
         self.rows: list[dict] = []
 
-    def reconstruct(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        """(B, C, H, W) reconstruction of ``batch["y"]`` and stats: time per scene, iterations, and the
-        relative residual ‖y − A x‖/‖y‖ per scene ("residual", (B,)) of the estimate x."""
+    def reconstruct(self, batch: dict, reconstructor: Callable | None = None) -> tuple[torch.Tensor, dict]:
+        """(B, C, H, W) reconstruction of ``batch["y"]`` (by ``reconstructor``, default this module's) and stats:
+        time per scene, iterations, and the relative residual ‖y − A x‖/‖y‖ per scene ("residual", (B,))."""
         op = self.operator(mask=batch["mask"]).to(batch["y"].device)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.no_grad():
-            result = self.reconstructor(op, batch["y"], gt=batch.get("x"))
+            result = (reconstructor or self.reconstructor)(op, batch["y"], gt=batch.get("x"))
             x = getattr(result, "x", result)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -73,17 +75,21 @@ class ReconstructionModule(L.LightningModule):
             self.log(f"test/{k}", v.mean(), batch_size=x.shape[0], sync_dist=True, prog_bar=k in ("psnr", "ssim"))
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        """{"x", "name", "time", "iterations", "residual", "metrics" (with ground truth)}; or
+        """{"x", "name", "time", "iterations", "residual", "metrics" (with ground truth), "baseline" (with a
+        baseline: {"x", "time", "iterations", "residual", "metrics"})}; or
         {"name", "skipped": True} when ``skip`` accepts every scene; or {"name", "error": "Type: message"}
         when the reconstruction raises (so that one bad scene does not stop the others)."""
         names = batch.get("name") or [f"scene{batch_idx}_{i}" for i in range(batch["y"].shape[0])]
         if self.skip is not None and all(self.skip(n) for n in names):
             return {"name": names, "skipped": True}
         try:
-            x, stats = self.reconstruct(batch)
-            out = {"x": x, "name": names, **stats}
-            if "x" in batch:
-                out["metrics"] = all_metrics(x, batch["x"])
+            out = {"name": names}
+            for key, rec in (("main", self.reconstructor), ("baseline", self.baseline)):
+                if rec is None:
+                    continue
+                x, stats = self.reconstruct(batch, rec)
+                part = {"x": x, **stats} | ({"metrics": all_metrics(x, batch["x"])} if "x" in batch else {})
+                out.update(part) if key == "main" else out.update(baseline=part)
         except Exception as e:  # noqa: BLE001 - reported per scene by the writer, the run goes on
             return {"name": names, "error": f"{type(e).__name__}: {e}"}
         return out

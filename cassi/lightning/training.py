@@ -90,25 +90,35 @@ class TrainingModule(ReconstructionModule):
 
     @staticmethod
     def _init_weights(model: nn.Module, config: dict, path: str) -> None:
-        """Copy the weights of the checkpoint ``path`` into ``model`` (ValueError when its model differs)."""
+        """Copy the weights of the checkpoint ``path`` into ``model`` (ValueError when its model differs). A
+        Refiner may have more stages than the checkpoint's: its first stages start from those (stage-wise
+        training, see ``cassi.models.FirstIterates``)."""
         trained = load_model(path)
-        want = {k: v for k, v in config.items() if k != "checkpointing"}
-        have = {k: v for k, v in trained.config.items() if k != "checkpointing"}
+        ignore = {"checkpointing"} | ({"stages"} if type(model).__name__ == "Refiner" and
+                                     trained.config.get("stages", 1) <= config.get("stages", 1) else set())
+        want = {k: v for k, v in config.items() if k not in ignore}
+        have = {k: v for k, v in trained.config.items() if k not in ignore}
         if want != have:
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             raise ValueError(f"init_weights={path}: its model differs from the configured one in "
                              + ", ".join(f"{k} ({have.get(k)!r} there, {want.get(k)!r} here)" for k in diff))
-        model.load_state_dict(trained.state_dict())
+        missing = model.load_state_dict(trained.state_dict(), strict=False).missing_keys
+        if missing and "stages" not in ignore:
+            raise ValueError(f"init_weights={path}: no weights for {missing[:3]}")
 
     # ------------------------------------------------------------------ steps
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        op = self.operator(mask=batch["mask"])
-        if self.geometry is None:
-            self.geometry = {"offsets": list(op.offsets), "axis": op.axis, "bands": op.bands}
         x = batch["x"]
-        if self.stage_weights is None:
+        if self.geometry is None:  # the dispersion it is trained for (a window batch has no mask: any one fits)
+            op = self.operator(mask=batch["mask"] if "mask" in batch else torch.ones(1, 1, 1, 1, device=x.device))
+            self.geometry = {"offsets": list(op.offsets), "axis": op.axis, "bands": op.bands}
+        if "x0" in batch:  # windows of a solver's reconstructions (cassi.models.FirstIterates): the learned part
+            loss = self.loss(self.reconstructor.refine(batch["x0"], batch["r"], batch.get("scale")), x)
+        elif self.stage_weights is None:
+            op = self.operator(mask=batch["mask"])
             loss = self.loss(self.reconstructor(op, batch["y"]), x)
         else:
+            op = self.operator(mask=batch["mask"])
             outs = self.reconstructor(op, batch["y"], return_stages=True)[-len(self.stage_weights):]
             loss = sum(w * self.loss(o, x) for w, o in zip(self.stage_weights, outs)) / sum(self.stage_weights)
         self.log("train/loss", loss, prog_bar=True, batch_size=x.shape[0])

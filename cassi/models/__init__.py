@@ -3,12 +3,14 @@ training losses and checkpoint loading. Imports torch (and torchmetrics) only.
 
     from cassi.models import GAPNet, load_model
     model = GAPNet(bands=28, stages=5)          # model(op, y) -> (B, C, H, W), like a solver
+    model = Refiner(bands=28)                   # GAP-TV, then a learned correction
     model = load_model("runs/best.ckpt")        # from a training checkpoint, geometry checked
 """
 from cassi.models.blocks import HalfShuffleTransformer, ResStack, StageEstimator, UNet
 from cassi.models.checkpoint import export_weights, load_model, load_prior, resolve_checkpoint
 from cassi.models.losses import ReconstructionLoss
+from cassi.models.refine import FirstIterates, Refiner
 from cassi.models.unrolled import ADMMNet, DAUHST, GAPNet, Unrolled
 
-__all__ = ["ADMMNet", "DAUHST", "GAPNet", "HalfShuffleTransformer", "ReconstructionLoss", "ResStack", "StageEstimator",
+__all__ = ["ADMMNet", "DAUHST", "FirstIterates", "GAPNet", "HalfShuffleTransformer", "ReconstructionLoss", "Refiner", "ResStack", "StageEstimator",
            "UNet", "Unrolled", "export_weights", "load_model", "load_prior", "resolve_checkpoint"]

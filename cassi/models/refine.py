@@ -1,0 +1,285 @@
+"""A learned correction of an iterative solver: x = x₀ + s·U([x₀, r] / s), with x₀ = solver(op, y) (GAP-TV by
+default), r = A⁺(y − A x₀) what x₀ leaves unexplained of the measurement, and s = mean(x₀)/0.5 per sample.
+
+The solver does the global part of the inversion (every pixel's spectrum is spread over 2·(C−1)+1
+columns of y), so the network only corrects local errors: it can be trained on small windows of
+precomputed (x, x₀, r) — no operator and no solver in the training loop (:class:`FirstIterates`).
+
+    model = Refiner(bands=28)                 # model(op, y) -> (B, C, H, W), like a solver
+    pool = FirstIterates(cubes, simulator, model.solver_spec, patch_size=64, samples_per_epoch=4096)
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from cassi.data.datasets import stable_seed
+from cassi.models.blocks import UNet
+from cassi.models.unrolled import Unrolled, _config, _plain
+from cassi.solvers.base import Solver
+
+__all__ = ["Refiner", "FirstIterates", "build_solver", "DEFAULT_SOLVER"]
+
+log = logging.getLogger(__name__)
+
+#: the shipped GAP-TV (conf/solver/gap_tv.yaml)
+DEFAULT_SOLVER = {"_target_": "cassi.solvers.GAPTV", "iters": 80, "tv_weight": 0.4, "tv_iters": 5, "decay": 0.95}
+
+
+def build_solver(spec) -> Solver:
+    """A :class:`cassi.solvers.Solver` from {"_target_": class path, **arguments} (or a Solver, returned as is)."""
+    if isinstance(spec, Solver):
+        return spec
+    if not isinstance(spec, dict) or not isinstance(spec.get("_target_"), str):
+        raise ValueError(f"solver must be a dict {{'_target_': 'cassi.solvers.GAPTV', ...}}, got {spec!r}")
+    args = dict(spec)
+    module, _, name = args.pop("_target_").rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"solver class {spec['_target_']!r} cannot be imported ({e})") from e
+    if not (isinstance(cls, type) and issubclass(cls, Solver)):
+        raise ValueError(f"solver {spec['_target_']!r} is not a cassi.solvers.Solver")
+    return cls(**args)
+
+
+def _scale(x0: torch.Tensor) -> torch.Tensor:
+    """s = mean(x₀)/0.5 per sample (B, 1, 1, 1); an all-dark sample keeps s = 2e-6."""
+    return (x0.detach().mean(dim=(1, 2, 3), keepdim=True) / 0.5).clamp_min(2e-6)
+
+
+class Refiner(Unrolled):
+    """x_k = x_{k−1} + s_k·U_k([x_{k−1}, r_{k−1}]/s_k), k = 1..K: residual U-Nets correcting a solver's
+    reconstruction x₀, each from what the last estimate leaves of the measurement, r = A⁺(y − A x).
+
+    Args:
+        bands: C.
+        stages: K, the number of corrections (each with its own U-Net).
+        width, depth: each U-Net (widths ``width``·2^s over ``depth`` scales; input 2C channels).
+        solver: the first iterate's solver as {"_target_": class path, **arguments} (stored in checkpoints;
+            default: the shipped GAP-TV, :data:`DEFAULT_SOLVER`). It runs without gradients.
+        checkpointing: recompute the U-Nets' activations in backward.
+
+    ``model(op, y)`` (B, 1, H, W+Δ) -> (B, C, H, W); ``return_stages=True`` gives [x₀, x₁, …, x_K].
+    ``refine(x, r, scale, stage)`` is one learned correction alone (what :class:`FirstIterates` windows
+    train, one stage at a time). s_k = mean(x_{k−1})/0.5 per sample, so the output is brightness-equivariant
+    whenever the solver is (GAP-TV is not exactly: its TV weight is absolute).
+    """
+
+    def __init__(self, bands: int = 28, stages: int = 1, width: int = 16, depth: int = 4, solver: dict | None = None,
+                 checkpointing: bool = False):
+        super().__init__(bands, stages, False, checkpointing, normalize=True)
+        if isinstance(solver, Solver):
+            raise ValueError(f"solver must be a config {{'_target_': ..., **arguments}} (stored in checkpoints), "
+                             f"got the object {solver!r}; from Hydra, instantiate the model with _recursive_=False")
+        solver = _plain(DEFAULT_SOLVER if solver is None else solver)
+        self.solver = build_solver(solver)
+        self.solver_spec = solver
+        self.config = _config(self, dict(locals()))
+        self.priors = self._make_priors(lambda: UNet(2 * bands, bands, width, depth))
+
+    def first(self, op, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x₀, r₀) = (solver(op, y), A⁺(y − A x₀)), both (B, C, H, W), without gradients."""
+        with torch.no_grad():
+            x0 = self.solver(op, y.detach()).x
+            return x0, op.pinv(y.detach() - op(x0))
+
+    def refine(self, x: torch.Tensor, r: torch.Tensor, scale: torch.Tensor | None = None,
+               stage: int = -1) -> torch.Tensor:
+        """x + s·U_stage([x, r]/s) (B, C, H, W); ``scale`` s (B, 1, 1, 1) defaults to mean(x)/0.5 (give the
+        whole scene's when x is a window of it)."""
+        s = _scale(x) if scale is None else scale.to(x.dtype)
+        net = self.priors[stage]
+        inp = torch.cat([x / s, r / s], dim=1)
+        if self.checkpointing and torch.is_grad_enabled():
+            out = torch.utils.checkpoint.checkpoint(net, inp, use_reentrant=False)
+        else:
+            out = net(inp)
+        return out.to(x.dtype) * s
+
+    def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
+        """x_K (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` [x₀, …, x_K]. ``gt`` is ignored."""
+        self.check(op)
+        x0, r = self.first(op, y)
+        outs = [x0]
+        for k in range(self.stages):
+            if k:
+                r = op.pinv(y - op(outs[-1]))
+            outs.append(self.refine(outs[-1], r, stage=k))
+        return outs if return_stages else outs[-1]
+
+
+class FirstIterates(Dataset):
+    """Training windows for a :class:`Refiner`: every sample of ``cubes`` is simulated once (y from
+    ``simulator``'s training masks and noise, seeded per sample) and reconstructed by ``solver``; then
+    each item is a random ``patch_size`` window (and flip) of one scene's (x, x₀, r).
+
+    Args:
+        cubes: a dataset of {"x": (C, H, W), "name"} (e.g. ``CubeFiles`` with patch_size=256, augment and
+            samples_per_epoch = the number of scenes); each sample is taken once, at epoch 0.
+        simulator: a ``cassi.data.Simulator`` (its ``masks``, geometry and noise).
+        solver: the first iterate's solver: the Refiner's ``solver`` dict (or a Solver; default GAP-TV as shipped).
+        patch_size: window size (int or (h, w)); samples_per_epoch: windows per epoch; seed: window i of
+            epoch e comes from (seed, e, i).
+        cache: a file keeping the computed scenes (x, x₀, r in float16) so that a resumed or repeated run skips the
+            solver; used only when it was made from the same scenes, solver and simulator, else rebuilt.
+        stages, init: the windows train the last stage of a Refiner of ``stages`` stages; for stages > 1 the
+            stages before it come from ``init``, a trained Refiner checkpoint (``init_weights``) with at least
+            stages − 1 stages: x₀, r become its (stages − 1)-th estimate and what that leaves of y.
+
+    Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "scale": (1, 1, 1) the whole
+    scene's s = mean(x0)/0.5, "name"}. The three flip together (along h and w: the dispersion axis stays).
+    """
+
+    def __init__(self, cubes: Dataset, simulator, solver=None, patch_size=64, samples_per_epoch: int = 1024,
+                 seed: int = 0, cache: str | os.PathLike | None = None, stages: int = 1,
+                 init: str | os.PathLike | None = None):
+        self.cubes, self.simulator, self.seed, self.epoch = cubes, simulator, int(seed), 0
+        self.stages, self.init = int(stages), init
+        if self.stages < 1:
+            raise ValueError(f"stages must be >= 1, got {stages!r}")
+        if self.stages > 1 and not init:
+            raise ValueError(f"training stage {self.stages} of a Refiner needs the {self.stages - 1} before it: "
+                             f"give init_weights=<a trained Refiner checkpoint with >= {self.stages - 1} stages>")
+        self.solver_spec = solver if isinstance(solver, Solver) else _plain(DEFAULT_SOLVER if solver is None else solver)
+        self.patch = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+        self.length = int(samples_per_epoch)
+        if self.length < 1 or len(self.patch) != 2 or min(self.patch) < 1:
+            raise ValueError(f"need samples_per_epoch >= 1 and a positive patch_size, got "
+                             f"{samples_per_epoch!r}, {patch_size!r}")
+        self.files = getattr(cubes, "files", None)  # for the datamodule's split-overlap check
+        self._scenes: dict | None = None
+        self.cache = None if cache is None else Path(cache)
+
+    # ------------------------------------------------------------------ the scenes
+    def _key(self) -> dict:
+        mask = getattr(getattr(self.simulator, "masks", None), "mask", None)
+        digest = hashlib.blake2b(mask.numpy().tobytes()).hexdigest() if isinstance(mask, torch.Tensor) else None
+        return {"solver": repr(self.solver_spec), "simulator": repr(self.simulator), "mask": digest,
+                "count": len(self.cubes), "files": [str(f) for f in (self.files or [])],
+                "seed": getattr(self.cubes, "seed", None)}
+
+    @property
+    def scenes(self) -> dict:
+        """{"x", "x0", "r": (N, C, H, W) float16, "y": (N, 1, H, W+Δ), "mask": (N, 1|C, H, W), "scale": (N, 1, 1, 1),
+        "names"}: computed (or read from the
+        cache) on first use, or by :meth:`prepare`."""
+        if self._scenes is None:
+            self._scenes = self._advance(self._load() or self._compute())
+        return self._scenes
+
+    def prepare(self) -> None:
+        """Compute (or load) the scenes now: the datamodule calls this in the main process before training,
+        so that data-loader workers share them instead of each running the solver."""
+        self.scenes
+
+    def _load(self) -> dict | None:
+        if self.cache is None or not self.cache.is_file():
+            return None
+        try:
+            data = torch.load(self.cache, map_location="cpu", weights_only=True)
+        except Exception as e:  # a partial or foreign file: rebuild it
+            log.warning("first iterates: %s is unreadable (%s): recomputing", self.cache, e)
+            return None
+        if data.get("key") != self._key():
+            log.warning("first iterates: %s was made from other scenes, solver or simulator: recomputing", self.cache)
+            return None
+        log.info("first iterates: %d scenes from %s", len(data["names"]), self.cache)
+        return data
+
+    def _compute(self) -> dict:
+        from rich.progress import Progress
+
+        from cassi.io import write_text_atomic
+
+        solver = build_solver(self.solver_spec)
+        n = len(self.cubes)
+        if callable(getattr(self.cubes, "set_epoch", None)):
+            self.cubes.set_epoch(0)  # the scenes are drawn once
+        cols: dict[str, list] = {"x": [], "x0": [], "r": [], "y": [], "mask": [], "scale": [], "names": []}
+        t0 = time.monotonic()
+        with Progress(transient=False) as bar, torch.no_grad():
+            task = bar.add_task(f"first iterates ({type(solver).__name__}) of {n} scenes", total=n)
+            for i in range(n):
+                item = self.cubes[i]
+                x = item["x"][None].float()
+                gen = torch.Generator().manual_seed(stable_seed(self.seed, "first-iterates", i, item.get("name", "")))
+                batch = self.simulator({"x": x}, generator=gen, training=True)
+                op = self.simulator.operator(batch["mask"], x.shape[1])
+                x0 = solver(op, batch["y"]).x
+                r = op.pinv(batch["y"] - op(x0))
+                for k, v in (("x", x), ("x0", x0), ("r", r)):
+                    cols[k].append(v[0].half())
+                cols["y"].append(batch["y"][0].float())  # float32: the residuals y − A x are far below y
+                cols["mask"].append(batch["mask"][0].float())
+                cols["scale"].append(_scale(x0)[0])
+                cols["names"].append(str(item.get("name", i)))
+                bar.advance(task)
+                if not bar.console.is_terminal and (i + 1) % max(1, n // 10) == 0:  # a log file: 10 lines
+                    log.info("first iterates: %d/%d scenes, %.1f min", i + 1, n, (time.monotonic() - t0) / 60)
+        shapes = {(tuple(v.shape), tuple(m.shape)) for v, m in zip(cols["x"], cols["mask"])}
+        if len(shapes) != 1:
+            raise ValueError(f"FirstIterates needs scenes of one size (give cubes a patch_size or crop_to), "
+                             f"got {sorted(shapes)}")
+        h, w = next(iter(shapes))[0][-2:]
+        if h < self.patch[0] or w < self.patch[1]:
+            raise ValueError(f"patch_size {self.patch} is larger than the scenes ({h}×{w})")
+        data = {k: torch.stack(v) for k, v in cols.items() if k != "names"} | {"names": cols["names"],
+                                                                                "key": self._key()}
+        if self.cache is not None:
+            self.cache.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.cache, lambda tmp: torch.save(data, tmp))
+        return data
+
+    def _advance(self, data: dict) -> dict:
+        """x0, r, scale after the first stages − 1 stages of the ``init`` Refiner (unchanged for stages = 1)."""
+        if self.stages == 1:
+            return data
+        from cassi.models.checkpoint import load_model
+
+        model = load_model(self.init)
+        if not isinstance(model, Refiner) or model.stages < self.stages - 1:
+            raise ValueError(f"init {self.init}: stage {self.stages} is trained on the output of stages "
+                             f"1..{self.stages - 1} of a Refiner, but it holds {model!r}")
+        data = dict(data, x0=data["x0"].clone(), r=data["r"].clone(), scale=data["scale"].clone())
+        with torch.no_grad():
+            for i in range(len(data["names"])):
+                y, op = data["y"][i:i + 1], self.simulator.operator(data["mask"][i:i + 1], data["x"].shape[1])
+                x, r = data["x0"][i:i + 1].float(), data["r"][i:i + 1].float()
+                for k in range(self.stages - 1):
+                    x = model.refine(x, r, stage=k)
+                    r = op.pinv(y - op(x))
+                data["x0"][i], data["r"][i], data["scale"][i] = x[0].half(), r[0].half(), _scale(x)[0]
+        log.info("first iterates: %d scenes through stages 1..%d of %s", len(data["names"]), self.stages - 1,
+                 self.init)
+        return data
+
+    # ------------------------------------------------------------------ windows
+    def __len__(self) -> int:
+        return self.length
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} samples")
+        s = self.scenes
+        g = torch.Generator().manual_seed(stable_seed(self.seed, self.epoch, index))
+        n, (H, W), (h, w) = s["x"].shape[0], s["x"].shape[-2:], self.patch
+        j = int(torch.randint(n, (), generator=g))
+        top, left = (int(torch.randint(m, (), generator=g)) for m in (H - h + 1, W - w + 1))
+        flips = [d for d in (-2, -1) if int(torch.randint(2, (), generator=g))]
+        out = {}
+        for k in ("x", "x0", "r"):
+            v = s[k][j, :, top:top + h, left:left + w].float()
+            out[k] = v.flip(flips).contiguous() if flips else v.contiguous()
+        return out | {"scale": s["scale"][j].float(), "name": s["names"][j]}

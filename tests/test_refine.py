@@ -1,0 +1,217 @@
+"""Refiner (a learned correction of GAP-TV) and FirstIterates (its training windows of precomputed solver output)."""
+import pytest
+import torch
+
+from cassi import CASSI
+from cassi.data.datasets import SyntheticCubes
+from cassi.data.simulate import BernoulliMasks, Simulator
+from cassi.models import FirstIterates, Refiner, load_model
+from cassi.models.refine import build_solver
+from cassi.solvers import GAPTV, PseudoInverse
+
+FAST_TV = {"_target_": "cassi.solvers.GAPTV", "iters": 5, "tv_weight": 0.2, "tv_iters": 2, "decay": 0.9}
+PINV = {"_target_": "cassi.solvers.PseudoInverse"}
+
+
+def tiny(stages=1, solver=FAST_TV, seed=0):
+    torch.manual_seed(seed)
+    model = Refiner(bands=5, stages=stages, width=4, depth=2, solver=solver)
+    for p in model.priors.parameters():  # away from the near-identity start, so that every stage acts
+        p.data.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def random_op(batch, bands, h, w, seed=0, **geometry):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(batch, 1, h, w, generator=g) > 0.4).float()
+    return CASSI(mask, bands=bands, backend="strided", **geometry or {"step": 2}), torch.rand(batch, bands, h, w, generator=g)
+
+
+@pytest.mark.parametrize("geometry", [dict(step=2), dict(step=1, axis="h"), dict(offsets=[0.0, 1.5, 2.25, 4.0, 5.5])],
+                         ids=["step2", "step1-h", "fractional"])
+def test_stages_start_from_the_solver_and_train_every_prior(geometry):
+    op, x = random_op(2, 5, 13, 11, **geometry)
+    y = op(x)
+    model = tiny(stages=2)
+    outs = model(op, y, return_stages=True)
+    assert len(outs) == 3 and all(o.shape == x.shape for o in outs)
+    assert torch.allclose(outs[0], GAPTV(**{k: v for k, v in FAST_TV.items() if k != "_target_"})(op, y).x)
+    # stage k corrects x_{k-1} from what it leaves of y
+    r1 = op.pinv(y - op(outs[1]))
+    assert torch.allclose(outs[2], model.refine(outs[1], r1, stage=1), atol=1e-6)
+    outs[-1].square().mean().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing, f"no gradient reaches {missing}"
+
+
+def test_brightness_equivariant_with_a_linear_solver():
+    op, x = random_op(2, 5, 12, 12)
+    model = tiny(stages=2, solver=PINV)
+    with torch.no_grad():
+        assert torch.allclose(model(op, 7.0 * op(x)), 7.0 * model(op, op(x)), rtol=1e-4, atol=1e-6)
+
+
+def test_solver_specs():
+    assert isinstance(build_solver(PINV), PseudoInverse)
+    solver = GAPTV(iters=3)
+    assert build_solver(solver) is solver
+    with pytest.raises(ValueError, match="cannot be imported"):
+        build_solver({"_target_": "cassi.solvers.Nope"})
+    with pytest.raises(ValueError, match="is not a cassi.solvers.Solver"):
+        build_solver({"_target_": "torch.nn.Linear"})
+    with pytest.raises(ValueError, match="solver must be a dict"):
+        Refiner(bands=5, solver="gap_tv")
+    with pytest.raises(ValueError, match="_recursive_=False"):  # an object would not load with weights_only
+        Refiner(bands=5, solver=GAPTV(iters=3))
+    assert Refiner(bands=5).config["solver"]["_target_"] == "cassi.solvers.GAPTV"  # the shipped GAP-TV by default
+
+
+class Counting:
+    """A solver spec whose solver counts its calls (to see when the cache spares them)."""
+    calls = 0
+
+    def __init__(self):
+        self.inner = PseudoInverse()
+
+    def __call__(self, op, y):
+        Counting.calls += 1
+        return self.inner(op, y)
+
+
+def pool(tmp_path=None, solver=PINV, n=3, size=24, patch=8, **kw):
+    sim = Simulator(BernoulliMasks(0.5), bands=5, step=1, backend="strided")
+    return FirstIterates(SyntheticCubes(n, size, size, bands=5, seed=3), sim, solver, patch_size=patch,
+                         samples_per_epoch=10, cache=None if tmp_path is None else tmp_path / "fi.pt", **kw)
+
+
+def _locate(window, scenes):
+    """(scene, top, left, flips) of a window among the scenes' x (any of the 4 flips)."""
+    h, w = window.shape[-2:]
+    for j, x in enumerate(scenes["x"].float()):
+        for flips in ([], [-2], [-1], [-2, -1]):
+            v = window.flip(flips) if flips else window
+            for t in range(x.shape[-2] - h + 1):
+                for l in range(x.shape[-1] - w + 1):
+                    if torch.equal(x[:, t:t + h, l:l + w], v):
+                        return j, t, l, flips
+    return None
+
+
+def test_windows_of_x_x0_r_cut_and_flipped_together():
+    ds = pool(patch=8)
+    s = ds.scenes
+    assert s["x"].shape == (3, 5, 24, 24) and s["y"].shape == (3, 1, 24, 28) and s["x"].dtype == torch.float16
+    for i in range(len(ds)):
+        item = ds[i]
+        assert item["x"].shape == item["x0"].shape == item["r"].shape == (5, 8, 8)
+        j, t, l, flips = _locate(item["x"], s)
+        for k in ("x0", "r"):
+            want = s[k][j, :, t:t + 8, l:l + 8].float()
+            assert torch.equal(item[k], want.flip(flips) if flips else want)
+        assert torch.equal(item["scale"], s["scale"][j]) and item["name"] == s["names"][j]
+    # the solver's output, and its scale from the whole scene
+    op = ds.simulator.operator(s["mask"][:1], 5)
+    x0 = op.pinv(s["y"][:1])
+    assert torch.allclose(s["x0"][0].float(), x0[0], atol=2e-3, rtol=2e-3)
+    assert torch.allclose(s["scale"][0], x0.mean() / 0.5)
+    same, other = [ds[i]["x"] for i in range(3)], None
+    assert all(torch.equal(a, ds[i]["x"]) for i, a in enumerate(same))  # seeded by (seed, epoch, index)
+    ds.set_epoch(1)
+    other = [ds[i]["x"] for i in range(3)]
+    assert not all(torch.equal(a, b) for a, b in zip(same, other))
+
+
+def test_cache_spares_the_solver_and_is_rebuilt_when_it_does_not_fit(tmp_path, monkeypatch):
+    import cassi.models.refine as refine
+
+    monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
+    Counting.calls = 0
+    first = pool(tmp_path)
+    first.prepare()
+    assert Counting.calls == 3 and (tmp_path / "fi.pt").is_file()
+    assert not list(tmp_path.glob(".*tmp"))  # written through a temporary file
+    again = pool(tmp_path)
+    again.prepare()
+    assert Counting.calls == 3 and torch.equal(again.scenes["x0"], first.scenes["x0"])
+    pool(tmp_path, solver=FAST_TV).prepare()     # another solver: recomputed
+    assert Counting.calls == 6
+    pool(tmp_path, n=2).prepare()               # other scenes: recomputed
+    assert Counting.calls == 8
+    (tmp_path / "fi.pt").write_bytes(b"truncated")
+    pool(tmp_path, n=2).prepare()
+    assert Counting.calls == 10
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="larger than the scenes"):
+        pool(patch=32).prepare()
+    with pytest.raises(ValueError, match="needs the 1 before it: give init_weights"):
+        pool(stages=2)
+    with pytest.raises(ValueError, match="samples_per_epoch >= 1"):
+        pool(patch=0)
+    with pytest.raises(IndexError):
+        pool()[10]
+
+
+def checkpoint(path, model):
+    torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in model.state_dict().items()},
+                "cassi": {"model": model.config, "geometry": None, "wavelengths": None}}, path)
+    return path
+
+
+def test_stage_two_is_trained_on_the_output_of_stage_one(tmp_path):
+    first = tiny(stages=1, solver=PINV)
+    path = checkpoint(tmp_path / "s1.ckpt", first)
+    base, ds = pool(), pool(stages=2, init=path)
+    b, s = base.scenes, ds.scenes
+    op = base.simulator.operator(b["mask"][:1], 5)
+    with torch.no_grad():
+        x1 = first.refine(b["x0"][:1].float(), b["r"][:1].float(), stage=0)
+    r1 = op.pinv(b["y"][:1] - op(x1))
+    assert torch.allclose(s["x0"][0].float(), x1[0], atol=2e-3, rtol=2e-3)
+    assert torch.allclose(s["r"][0].float(), r1[0], atol=2e-3, rtol=2e-3)
+    assert torch.allclose(s["scale"][0], x1.mean() / 0.5)
+    assert not torch.equal(s["x0"], b["x0"])
+    # a model of other stages cannot feed stage 3
+    with pytest.raises(ValueError, match="stage 3 is trained on the output of stages 1..2"):
+        pool(stages=3, init=path).prepare()
+
+
+def test_more_stages_start_from_fewer_in_training(tmp_path):
+    from cassi.lightning import TrainingModule
+
+    one = tiny(stages=1)
+    path = checkpoint(tmp_path / "s1.ckpt", one)
+    two = Refiner(bands=5, stages=2, width=4, depth=2, solver=FAST_TV)
+    TrainingModule(two, operator=None, init_weights=str(path))
+    assert all(torch.equal(a, b) for a, b in zip(two.priors[0].state_dict().values(), one.priors[0].state_dict().values()))
+    wider = Refiner(bands=5, stages=2, width=8, depth=2, solver=FAST_TV)
+    with pytest.raises(ValueError, match="differs from the configured one in width"):
+        TrainingModule(wider, operator=None, init_weights=str(path))
+    path2 = checkpoint(tmp_path / "s2.ckpt", two)
+    with pytest.raises(ValueError, match="differs from the configured one in stages"):
+        TrainingModule(Refiner(bands=5, stages=1, width=4, depth=2, solver=FAST_TV), operator=None,
+                       init_weights=str(path2))
+
+
+def test_training_step_on_windows_trains_the_last_stage(tmp_path):
+    from cassi.lightning import TrainingModule
+
+    model = tiny(stages=2, solver=PINV)
+    module = TrainingModule(model, operator=lambda mask: CASSI(mask, bands=5, step=1))
+    ds = pool()
+    batch = {k: torch.stack([ds[i][k] for i in range(4)]) for k in ("x", "x0", "r", "scale")}
+    loss = module.training_step(batch, 0)
+    loss.backward()
+    assert all(p.grad is None for p in model.priors[0].parameters())
+    assert all(p.grad is not None for p in model.priors[1].parameters())
+    assert module.geometry == {"offsets": [0.0, 1.0, 2.0, 3.0, 4.0], "axis": "w", "bands": 5}
+
+
+def test_loads_from_a_checkpoint_with_its_solver(tmp_path):
+    model = tiny(stages=2).eval()
+    loaded = load_model(checkpoint(tmp_path / "m.ckpt", model))
+    assert type(loaded) is Refiner and loaded.stages == 2 and loaded.config["solver"] == FAST_TV
+    op, x = random_op(1, 5, 12, 12)
+    with torch.no_grad():
+        assert torch.equal(loaded(op, op(x)), model(op, op(x)))
