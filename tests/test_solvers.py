@@ -89,12 +89,42 @@ def test_tv_denoiser_matches_textbook_and_is_blockwise_exact(monkeypatch):
     ref = textbook.tv_denoise(f, 0.2, 7)
     whole = TVDenoiser(0.2, 7)(f)
     assert torch.allclose(whole, ref, atol=1e-5)
-    monkeypatch.setattr(tvmod, "_BLOCK_BYTES", 1)          # one plane per block
-    den = TVDenoiser(0.2, 7, inplace=True)
+    monkeypatch.setattr(tvmod, "_BLOCK_BYTES", 1)          # one plane per block (the torch ops)
+    den = TVDenoiser(0.2, 7, inplace=True, impl="torch")
     g = f.clone()
     out = den(g)
     assert out is g and torch.allclose(out, whole, atol=1e-6)
     assert torch.allclose(den(f[:1]), whole[:1], atol=1e-6)  # workspace reuse with another shape
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
+def test_numba_tv_kernel_equals_the_torch_ops(dtype, tol):
+    pytest.importorskip("numba")
+    from cassi.backends.numba import tv_denoise
+
+    f = torch.rand(2, C, 13, 10, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    ref = TVDenoiser(0.15, 6, impl="torch")(f)
+    out = torch.empty_like(f)
+    assert tv_denoise(f, out, 0.15, 6) and (out - ref).abs().max() < tol
+    g = f.clone()
+    assert TVDenoiser(0.15, 6, inplace=True)(g) is g and (g - ref).abs().max() < tol   # in place
+    # where it does not apply, the kernel declines and the torch ops run: autograd, other dtypes
+    assert not tv_denoise(f.clone().requires_grad_(), torch.empty_like(f), 0.15, 6)
+    assert not tv_denoise(f.half(), f.half(), 0.15, 6)
+    with pytest.raises(ValueError, match="impl must be 'auto' or 'torch'"):
+        TVDenoiser(0.1, impl="numba")
+
+
+def test_gap_tv_with_the_numba_tv_kernel_keeps_its_psnr(problem, monkeypatch):
+    pytest.importorskip("numba")
+    import cassi.backends.numba as nb
+
+    op, _, x, _ = problem
+    fast = GAPTV(iters=30)(op, op(x), gt=x)
+    monkeypatch.setattr(nb, "tv_denoise", lambda *a: False)  # the torch ops
+    slow = GAPTV(iters=30)(op, op(x), gt=x)
+    assert abs(float(fast.history["psnr"][-1].mean() - slow.history["psnr"][-1].mean())) < 1e-3
+    assert torch.allclose(fast.x, slow.x, atol=1e-4)
 
 
 def test_tv_norm_of_known_images():

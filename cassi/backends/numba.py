@@ -192,3 +192,19 @@ class NumbaBackend(Backend):
             else:
                 kern.step_w(zn, yn, wn, mn, k, a, f, xn, un)
         return x, u
+
+
+def tv_denoise(f: torch.Tensor, out: torch.Tensor, weight: float, iters: int) -> bool:
+    """Chambolle's 2-D TV denoiser (``cassi.solvers.TVDenoiser`` with spectral_weight 0) of every plane of the
+    contiguous CPU float32/float64 cube f (B, C, H, W) into ``out`` (may be f), as one numba kernel; False
+    (nothing done) when numba is missing or f does not qualify, so that the caller runs its torch ops."""
+    if (f.device.type != "cpu" or f.dtype not in DTYPES or not f.is_contiguous() or not out.is_contiguous()
+            or (torch.is_grad_enabled() and f.requires_grad) or not available()):
+        return False
+    planes = f.detach().reshape(-1, *f.shape[-2:]).numpy()
+    dst = out.detach().view(planes.shape).numpy()
+    kernels = _kernels()
+    with _LOCK:
+        _threads()
+        kernels.tv_planes(planes, dst, float(weight), int(iters), 0.25)
+    return True
