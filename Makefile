@@ -18,8 +18,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[dev,sweep]"
 	touch $@
 
+# the learned model for the demo's generated scenes, beside GAP-TV (ARGS="ckpt=null": GAP-TV alone)
 demo: venv
-	$(PY) scripts/reconstruct.py $(ARGS)
+	$(PY) scripts/reconstruct.py ckpt=pretrained/synthetic_demo $(ARGS)
 
 test: venv
 	$(PY) -m pytest -q $(ARGS)

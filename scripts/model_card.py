@@ -57,7 +57,10 @@ def main(cfg: DictConfig) -> None:
         write_text_atomic(out / f"{cfg.name}.reference.pt", buf.getvalue())
         model = shipped
     trained = torch.load(resolve_checkpoint(cfg.ckpt), map_location="cpu", weights_only=True)
-    text = card_markdown(cfg.name, model, trained, results, notes=cfg.notes, half=bool(half))
+    notes = cfg.notes or ""
+    if notes.endswith(".md") and "\n" not in notes:  # notes from a file
+        notes = Path(notes).read_text()
+    text = card_markdown(cfg.name, model, trained, results, notes=notes, half=bool(half))
     path = out / f"{cfg.name}.md" if cfg.ship else Path(cfg.paths.output_dir) / f"{cfg.name}.md"
     write_text_atomic(path, text)
     print(text)

@@ -59,10 +59,13 @@ def test_model_card_job_ships_a_model_that_loads_by_name(tmp_path):
     common = ["name=tiny", "bands=6", "data@validation=synthetic", "data@test=synthetic", "validation.train.bands=6",
               "test.train.bands=6", "baselines.gap_tv.iters=5", *small, f"out_dir={tmp_path / 'shipped'}",
               f"hydra.run.dir={tmp_path / 'card'}"]
+    (tmp_path / "notes.md").write_text("## Recipe\n\nThe notes of the tiny model.\n")
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "model_card.py"), f"ckpt={ckpt}", "ship=true",
-                        *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                        f"notes={tmp_path / 'notes.md'}", *common], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     card = (tmp_path / "shipped" / "tiny.md").read_text()
+    assert "## Recipe\n\nThe notes of the tiny model." in card  # notes from a file
     assert card.count("| **mean** |") == 2 and card.count("A⁺y PSNR") == 2 and "tiny PSNR" in card
     assert "2 optimizer steps" in card
     model = load_model(tmp_path / "shipped" / "tiny.ckpt")

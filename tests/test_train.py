@@ -203,19 +203,21 @@ def _cube_tree(root: Path, bands: int = 28, size: int = 40) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_fast_dev_run_of_every_experiment(experiment, tmp_path, shared_data):
-    small = {"gapnet": ["model.stages=2", "model.width=4", "model.depth=2", "data.train.patch_size=32"],
-             "admmnet": ["model.stages=2", "model.width=4", "model.depth=2", "data.train.patch_size=32"],
-             "dauhst": ["model.stages=2", "model.dim=4", "model.window=4", "data.train.patch_size=32"],
+    crops = ["data.train.patch_size=32", "data.val.crop_to=32"]
+    small = {"gapnet": ["model.stages=2", "model.width=4", "model.depth=2", *crops],
+             "admmnet": ["model.stages=2", "model.width=4", "model.depth=2", *crops],
+             "dauhst": ["model.stages=2", "model.dim=4", "model.window=4", *crops],
              # GAP-TV on two 32² training scenes, windows of 16²
+             "synthetic": ["model.width=4", "model.depth=2", "data.train.cubes.n=2", "data.train.patch_size=16",
+                           *(f"data.{s}.{k}=32" for s in ("train.cubes", "val", "test") for k in ("height", "width"))],
              "Refiner": ["model.width=4", "model.depth=2", "data.train.cubes.samples_per_epoch=2",
-                         "data.train.cubes.patch_size=32", "data.train.patch_size=16"]}
+                         "data.train.cubes.patch_size=32", "data.train.patch_size=16", "data.val.crop_to=32"]}
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=[f"experiment={experiment}"])
     family = next((k for k in small if k in experiment or cfg.model._target_.endswith(k)), "gapnet")
     overrides = [f"experiment={experiment}", *small[family], "trainer.fast_dev_run=2",
                  "trainer.accelerator=cpu", "trainer.devices=1", "data.batch_size=2", "data.num_workers=0",
-                 "data.pin_memory=false", "data.val.crop_to=32",
-                 f"paths.shared_data={shared_data}", f"paths.data_dir={tmp_path / 'data'}"]
+                 "data.pin_memory=false", f"paths.shared_data={shared_data}", f"paths.data_dir={tmp_path / 'data'}"]
     tested = cfg.test
     if experiment.endswith("_cave"):  # the published protocol's data layout, in miniature
         _cube_tree(tmp_path / "data")

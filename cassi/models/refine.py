@@ -156,6 +156,7 @@ class FirstIterates(Dataset):
             raise ValueError(f"need samples_per_epoch >= 1 and a positive patch_size, got "
                              f"{samples_per_epoch!r}, {patch_size!r}")
         self.files = getattr(cubes, "files", None)  # for the datamodule's split-overlap check
+        self.seeds = getattr(cubes, "seeds", None)
         self._scenes: dict | None = None
         self.cache = None if cache is None else Path(cache)
 
