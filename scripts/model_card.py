@@ -58,7 +58,7 @@ def main(cfg: DictConfig) -> None:
         model = shipped
     trained = torch.load(resolve_checkpoint(cfg.ckpt), map_location="cpu", weights_only=True)
     notes = cfg.notes or ""
-    if notes.endswith(".md") and "\n" not in notes:  # notes from a file
+    if "\n" not in notes and Path(notes).suffix == ".md" and Path(notes).is_file():  # notes from a file
         notes = Path(notes).read_text()
     text = card_markdown(cfg.name, model, trained, results, notes=notes, half=bool(half))
     path = out / f"{cfg.name}.md" if cfg.ship else Path(cfg.paths.output_dir) / f"{cfg.name}.md"

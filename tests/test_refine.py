@@ -105,6 +105,7 @@ def test_windows_of_x_x0_r_cut_and_flipped_together():
         item = ds[i]
         assert item["x"].shape == item["x0"].shape == item["r"].shape == (5, 8, 8)
         j, t, l, flips = _locate(item["x"], s)
+        assert flips in ([], [-2])  # never along the dispersion axis (w)
         for k in ("x0", "r"):
             want = s[k][j, :, t:t + 8, l:l + 8].float()
             assert torch.equal(item[k], want.flip(flips) if flips else want)
@@ -137,9 +138,15 @@ def test_cache_spares_the_solver_and_is_rebuilt_when_it_does_not_fit(tmp_path, m
     assert Counting.calls == 6
     pool(tmp_path, n=2).prepare()               # other scenes: recomputed
     assert Counting.calls == 8
+    pool(tmp_path, n=2, seed=1).prepare()       # other masks (the dataset's seed): recomputed
+    assert Counting.calls == 10
+    pool(tmp_path, n=2, seed=1, size=20).prepare()   # other scene size: recomputed
+    assert Counting.calls == 12
+    pool(tmp_path, n=2, seed=1, size=20).prepare()
+    assert Counting.calls == 12
     (tmp_path / "fi.pt").write_bytes(b"truncated")
     pool(tmp_path, n=2).prepare()
-    assert Counting.calls == 10
+    assert Counting.calls == 14
 
 
 def test_bad_arguments():

@@ -113,6 +113,10 @@ class TrainingModule(ReconstructionModule):
             op = self.operator(mask=batch["mask"] if "mask" in batch else torch.ones(1, 1, 1, 1, device=x.device))
             self.geometry = {"offsets": list(op.offsets), "axis": op.axis, "bands": op.bands}
         if "x0" in batch:  # windows of a solver's reconstructions (cassi.models.FirstIterates): the learned part
+            if not hasattr(self.reconstructor, "refine") or self.stage_weights is not None:
+                raise ValueError(f"training batches of first iterates (x0, r windows) train a cassi.models.Refiner "
+                                 f"without stage_weights, not {type(self.reconstructor).__name__}"
+                                 f"{' with stage_weights' if self.stage_weights is not None else ''}")
             loss = self.loss(self.reconstructor.refine(batch["x0"], batch["r"], batch.get("scale")), x)
         elif self.stage_weights is None:
             op = self.operator(mask=batch["mask"])

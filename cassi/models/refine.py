@@ -136,7 +136,8 @@ class FirstIterates(Dataset):
             stages − 1 stages: x₀, r become its (stages − 1)-th estimate and what that leaves of y.
 
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "scale": (1, 1, 1) the whole
-    scene's s = mean(x0)/0.5, "name"}. The three flip together (along h and w: the dispersion axis stays).
+    scene's s = mean(x0)/0.5, "name"}. The three flip together, across the dispersion axis only (a flip along
+    it would show errors of the opposite dispersion direction). Under DDP every rank computes the scenes.
     """
 
     def __init__(self, cubes: Dataset, simulator, solver=None, patch_size=64, samples_per_epoch: int = 1024,
@@ -159,14 +160,24 @@ class FirstIterates(Dataset):
         self.seeds = getattr(cubes, "seeds", None)
         self._scenes: dict | None = None
         self.cache = None if cache is None else Path(cache)
+        # windows flip across the dispersion axis only: a flip along it would reverse the dispersion direction
+        self.flip_dim = -1 if getattr(simulator, "axis", "w") == "h" else -2
 
     # ------------------------------------------------------------------ the scenes
     def _key(self) -> dict:
-        mask = getattr(getattr(self.simulator, "masks", None), "mask", None)
+        """What the cached scenes depend on: the solver, the simulator (geometry, noise, the mask source's
+        settings and mask), the scenes' dataset settings and this dataset's seed (masks and noise)."""
+        def settings(obj) -> dict:
+            plain = (int, float, str, bool, type(None))
+            return {k: (str(v) if not isinstance(v, plain) else v) for k, v in sorted(vars(obj).items())
+                    if not k.startswith("_") and k not in ("epoch", "cache") and not isinstance(v, torch.Tensor)}
+
+        masks = getattr(self.simulator, "masks", None)
+        mask = getattr(masks, "mask", None)
         digest = hashlib.blake2b(mask.numpy().tobytes()).hexdigest() if isinstance(mask, torch.Tensor) else None
         return {"solver": repr(self.solver_spec), "simulator": repr(self.simulator), "mask": digest,
-                "count": len(self.cubes), "files": [str(f) for f in (self.files or [])],
-                "seed": getattr(self.cubes, "seed", None)}
+                "masks": settings(masks) if masks is not None else None, "count": len(self.cubes),
+                "cubes": settings(self.cubes), "seed": self.seed}
 
     @property
     def scenes(self) -> dict:
@@ -192,6 +203,9 @@ class FirstIterates(Dataset):
             return None
         if data.get("key") != self._key():
             log.warning("first iterates: %s was made from other scenes, solver or simulator: recomputing", self.cache)
+            return None
+        if any(n < p for n, p in zip(data["x"].shape[-2:], self.patch)):
+            log.warning("first iterates: %s holds scenes smaller than patch_size %s: recomputing", self.cache, self.patch)
             return None
         log.info("first iterates: %d scenes from %s", len(data["names"]), self.cache)
         return data
@@ -278,7 +292,7 @@ class FirstIterates(Dataset):
         n, (H, W), (h, w) = s["x"].shape[0], s["x"].shape[-2:], self.patch
         j = int(torch.randint(n, (), generator=g))
         top, left = (int(torch.randint(m, (), generator=g)) for m in (H - h + 1, W - w + 1))
-        flips = [d for d in (-2, -1) if int(torch.randint(2, (), generator=g))]
+        flips = [self.flip_dim] if int(torch.randint(2, (), generator=g)) else []
         out = {}
         for k in ("x", "x0", "r"):
             v = s[k][j, :, top:top + h, left:left + w].float()
