@@ -50,8 +50,9 @@ def _kernels():
     return _numba_kernels
 
 
+@lru_cache(maxsize=1)
 def available() -> bool:
-    """True when numba can be imported."""
+    """True when numba can be imported (tried once per process: the TV denoiser asks on every call)."""
     try:
         import numba  # noqa: F401
     except ImportError:

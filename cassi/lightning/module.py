@@ -83,13 +83,13 @@ class ReconstructionModule(L.LightningModule):
         if self.skip is not None and all(self.skip(n) for n in names):
             return {"name": names, "skipped": True}
         try:
-            out = {"name": names}
-            for key, rec in (("main", self.reconstructor), ("baseline", self.baseline)):
-                if rec is None:
-                    continue
-                x, stats = self.reconstruct(batch, rec)
-                part = {"x": x, **stats} | ({"metrics": all_metrics(x, batch["x"])} if "x" in batch else {})
-                out.update(part) if key == "main" else out.update(baseline=part)
+            def run(reconstructor) -> dict:
+                x, stats = self.reconstruct(batch, reconstructor)
+                return {"x": x, **stats} | ({"metrics": all_metrics(x, batch["x"])} if "x" in batch else {})
+
+            out = {"name": names, **run(self.reconstructor)}
+            if self.baseline is not None:
+                out["baseline"] = run(self.baseline)
         except Exception as e:  # noqa: BLE001 - reported per scene by the writer, the run goes on
             return {"name": names, "error": f"{type(e).__name__}: {e}"}
         return out

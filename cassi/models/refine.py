@@ -204,7 +204,7 @@ class FirstIterates(Dataset):
         if data.get("key") != self._key():
             log.warning("first iterates: %s was made from other scenes, solver or simulator: recomputing", self.cache)
             return None
-        if any(n < p for n, p in zip(data["x"].shape[-2:], self.patch)):
+        if self._too_small(data["x"]):
             log.warning("first iterates: %s holds scenes smaller than patch_size %s: recomputing", self.cache, self.patch)
             return None
         log.info("first iterates: %d scenes from %s", len(data["names"]), self.cache)
@@ -226,6 +226,8 @@ class FirstIterates(Dataset):
             for i in range(n):
                 item = self.cubes[i]
                 x = item["x"][None].float()
+                if self._too_small(x):  # before the solver runs
+                    raise ValueError(f"patch_size {self.patch} is larger than the scenes ({x.shape[-2]}×{x.shape[-1]})")
                 gen = torch.Generator().manual_seed(stable_seed(self.seed, "first-iterates", i, item.get("name", "")))
                 batch = self.simulator({"x": x}, generator=gen, training=True)
                 op = self.simulator.operator(batch["mask"], x.shape[1])
@@ -244,15 +246,16 @@ class FirstIterates(Dataset):
         if len(shapes) != 1:
             raise ValueError(f"FirstIterates needs scenes of one size (give cubes a patch_size or crop_to), "
                              f"got {sorted(shapes)}")
-        h, w = next(iter(shapes))[0][-2:]
-        if h < self.patch[0] or w < self.patch[1]:
-            raise ValueError(f"patch_size {self.patch} is larger than the scenes ({h}×{w})")
         data = {k: torch.stack(v) for k, v in cols.items() if k != "names"} | {"names": cols["names"],
                                                                                 "key": self._key()}
         if self.cache is not None:
             self.cache.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.cache, lambda tmp: torch.save(data, tmp))
         return data
+
+    def _too_small(self, x: torch.Tensor) -> bool:
+        """True when the scenes x (…, H, W) are smaller than a window."""
+        return any(n < p for n, p in zip(x.shape[-2:], self.patch))
 
     def _advance(self, data: dict) -> dict:
         """x0, r, scale after the first stages − 1 stages of the ``init`` Refiner (unchanged for stages = 1)."""
