@@ -69,19 +69,29 @@ def test_refuses_other_devices_and_a_missing_numba(monkeypatch):
         make_op("2d", "step2", "w", "numba")
 
 
-def test_threads_follow_torch():
+def test_threads_follow_torch(monkeypatch):
+    """The parallel kernel runs with n = torch.get_num_threads() numba threads (capped at numba's pool)."""
     import numba
+
+    from cassi.backends import _numba_kernels
 
     op = make_op("3d", "frac", "w", "numba", torch.float32)
     x = rand((B, *op.x_shape), torch.float32)
+    expected = op(x)
+    ran = []
+    for name in ("fwd", "fwd_serial"):
+        kernel = getattr(_numba_kernels, name)
+        monkeypatch.setattr(_numba_kernels, name,
+                            lambda *a, kernel=kernel, name=name: (ran.append((name, numba.get_num_threads())),
+                                                                  kernel(*a)))
     before = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            op(x)
-            assert numba.get_num_threads() == min(n, numba.config.NUMBA_NUM_THREADS)
+            assert torch.equal(op(x), expected)
     finally:
         torch.set_num_threads(before)
+    assert ran == [("fwd", 1), ("fwd", min(2, numba.config.NUMBA_NUM_THREADS))]
 
 
 def _python(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
@@ -99,8 +109,8 @@ def test_jit_cache_spares_a_second_process_the_compilation(tmp_path):
         from cassi.backends.numba import _kernels
         op = CASSI(torch.rand(6, 7), bands=3, step=2, backend="numba")
         op(torch.rand(1, 3, 6, 7))
-        s = _kernels().fwd.stats
-        print(sum(s.cache_hits.values()), sum(s.cache_misses.values()))
+        s = [_kernels().fwd.stats, _kernels().fwd_serial.stats]  # the kernel that ran: parallel or serial
+        print(sum(sum(t.cache_hits.values()) for t in s), sum(sum(t.cache_misses.values()) for t in s))
     """
     cache = tmp_path / "numba_cache"
     first = _python(code, tmp_path, NUMBA_CACHE_DIR=str(cache))
@@ -114,11 +124,13 @@ def test_jit_cache_spares_a_second_process_the_compilation(tmp_path):
 
 def test_a_forked_child_can_run_the_kernels(tmp_path):
     """DataLoader workers are forked: a child must be able to call a kernel after its parent did (with
-    GNU OpenMP as numba's threading layer, numba aborts such a child)."""
+    GNU OpenMP as numba's threading layer, numba aborts a child that enters a parallel region: the
+    child runs the serial twins)."""
     code = """
         import multiprocessing as mp
         import torch
         from cassi import CASSI
+        torch.set_num_threads(2)  # the parent runs the parallel kernels (numba's OpenMP layer)
         op = CASSI(torch.rand(6, 7), bands=3, step=2, backend="numba")
         x = torch.rand(2, 3, 6, 7)
         expected = op(x)
@@ -135,3 +147,17 @@ def test_a_forked_child_can_run_the_kernels(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "True"], r.stdout + r.stderr
 
+
+
+def test_first_call_keeps_torchs_thread_setting(tmp_path):
+    """numba's OpenMP layer shares torch's OpenMP runtime; starting it must not reset torch's threads."""
+    code = """
+        import numba, torch
+        from cassi import CASSI
+        torch.set_num_threads(1)
+        CASSI(torch.rand(6, 7), bands=3, step=2, backend="numba")(torch.rand(1, 3, 6, 7))
+        print(torch.get_num_threads(), numba.get_num_threads())
+    """
+    r = _python(code, tmp_path, NUMBA_NUM_THREADS="2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "1"], r.stdout + r.stderr

@@ -16,20 +16,25 @@ Two layouts, both with the inner loop over contiguous memory:
 
 with d_c = k_c + f_c, a_c = 1 − f_c. Masks broadcast over batch (Bm = 1) and bands (Cm = 1); the
 weights ``wt`` (Bw, H', W') of pinv / the data step over batch (Bw = 1). Sums run in the arrays'
-dtype (float32 or float64), like the torch backends. ``parallel=True``: the number of threads is set
-by the caller (``numba.set_num_threads``); ``cache=True``: compiled code is kept on disk (the
-``__pycache__`` beside this file, or ``NUMBA_CACHE_DIR``), so a second process does not recompile.
+dtype (float32 or float64), like the torch backends. Each kernel is a task per row (``_*_task``) run
+by a ``prange`` loop (``parallel=True``; the caller sets the threads with ``numba.set_num_threads``)
+or by a plain loop (its ``*_serial`` twin, for forked children, where numba's OpenMP layer aborts);
+``cache=True``: compiled code is kept on disk (the ``__pycache__`` beside this file, or
+``NUMBA_CACHE_DIR``), so a second process does not recompile.
 """
 import numpy as np
 from numba import njit, prange
 
 _JIT = dict(parallel=True, cache=True, nogil=True, fastmath=False, boundscheck=False)
+_SERIAL = dict(cache=True, nogil=True, fastmath=False, boundscheck=False)  # forked children, 1 thread
 _HELPER = dict(cache=True, nogil=True, fastmath=False, boundscheck=False, inline="always")
 
 
 @njit(**_HELPER)
 def _accumulate(acc, x3, m3, h, k, a, f):
-    """acc (W+Δ,) += Σ_c taps of (M ⊙ x)_c[h, :]; x3 (C, H, W), m3 (Cm, H, W)."""
+    """acc (W+Δ,) += Σ_c taps of (M ⊙ x)_c[h, :]; x3 (C, H, W), m3 (Cm, H, W). Every inner loop indexes
+    slices with the loop counter alone: an index such as k_c + w, which numba cannot prove non-negative,
+    keeps its wrap-around branch and the loop is not vectorised (3.5× slower, measured)."""
     C, W = x3.shape[0], x3.shape[2]
     Cm = m3.shape[0]
     for c in range(C):
@@ -37,13 +42,15 @@ def _accumulate(acc, x3, m3, h, k, a, f):
         mr = m3[c if Cm > 1 else 0, h]
         kc, fc = k[c], f[c]
         if fc == 0:
+            dst = acc[kc:kc + W]
             for w in range(W):
-                acc[kc + w] += mr[w] * xr[w]
+                dst[w] += mr[w] * xr[w]
         else:  # two taps; written as a gather so that the loop carries no store-to-load dependency
             ac = a[c]
+            dst, x1, m1 = acc[kc + 1:kc + W], xr[1:], mr[1:]
             acc[kc] += ac * (mr[0] * xr[0])
-            for w in range(1, W):
-                acc[kc + w] += ac * (mr[w] * xr[w]) + fc * (mr[w - 1] * xr[w - 1])
+            for w in range(W - 1):
+                dst[w] += ac * (m1[w] * x1[w]) + fc * (mr[w] * xr[w])
             acc[kc + W] += fc * (mr[W - 1] * xr[W - 1])
 
 
@@ -56,55 +63,79 @@ def _spread(r, x3, m3, h, k, a, f, z3, add):
         xr = x3[c, h]
         mr = m3[c if Cm > 1 else 0, h]
         kc, fc, ac = k[c], f[c], a[c]
+        r0 = r[kc:kc + W]
+        r1 = r[kc + 1:kc + 1 + W]  # read only when f_c ≠ 0 (then k_c + W < W + Δ)
         if add:
             zr = z3[c, h]
             if fc == 0:
                 for w in range(W):
-                    xr[w] = zr[w] + mr[w] * r[kc + w]
+                    xr[w] = zr[w] + mr[w] * r0[w]
             else:
                 for w in range(W):
-                    xr[w] = zr[w] + mr[w] * (ac * r[kc + w] + fc * r[kc + w + 1])
+                    xr[w] = zr[w] + mr[w] * (ac * r0[w] + fc * r1[w])
         elif fc == 0:
             for w in range(W):
-                xr[w] = mr[w] * r[kc + w]
+                xr[w] = mr[w] * r0[w]
         else:
             for w in range(W):
-                xr[w] = mr[w] * (ac * r[kc + w] + fc * r[kc + w + 1])
+                xr[w] = mr[w] * (ac * r0[w] + fc * r1[w])
 
 
 # ----------------------------------------------------------------------------- dispersion along w
+@njit(**_HELPER)
+def _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add):
+    B, H = x.shape[0], x.shape[2]
+    Bm, Bw, Wy = m.shape[0], wt.shape[0], y.shape[3]
+    b, h = i // H, i % H
+    r = y[b, 0, h]
+    if weighted:
+        wr = wt[b if Bw > 1 else 0, h]
+        s = np.empty(Wy, dtype=y.dtype)
+        for j in range(Wy):
+            s[j] = wr[j] * r[j]
+        r = s
+    _spread(r, x[b], m[b if Bm > 1 else 0], h, k, a, f, z[b], add)
+
+
 @njit(**_JIT)
 def adj_w(y, wt, weighted, m, k, a, f, x, z, add):
     """x = (z +) Aᵀ(wt ⊙ y) (wt only when ``weighted``): y (B, 1, H, W+Δ) -> x (B, C, H, W)."""
-    B, H = x.shape[0], x.shape[2]
+    for i in prange(x.shape[0] * x.shape[2]):
+        _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add)
+
+
+@njit(**_SERIAL)
+def adj_w_serial(y, wt, weighted, m, k, a, f, x, z, add):
+    for i in range(x.shape[0] * x.shape[2]):
+        _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add)
+
+
+@njit(**_HELPER)
+def _step_w_task(i, z, y, wt, m, k, a, f, x, u):
+    B, H = z.shape[0], z.shape[2]
     Bm, Bw, Wy = m.shape[0], wt.shape[0], y.shape[3]
-    for i in prange(B * H):
-        b, h = i // H, i % H
-        r = y[b, 0, h]
-        if weighted:
-            wr = wt[b if Bw > 1 else 0, h]
-            s = np.empty(Wy, dtype=y.dtype)
-            for j in range(Wy):
-                s[j] = wr[j] * r[j]
-            r = s
-        _spread(r, x[b], m[b if Bm > 1 else 0], h, k, a, f, z[b], add)
+    b, h = i // H, i % H
+    mb = b if Bm > 1 else 0
+    acc = np.zeros(Wy, dtype=y.dtype)
+    _accumulate(acc, z[b], m[mb], h, k, a, f)
+    yr, ur, wr = y[b, 0, h], u[b, 0, h], wt[b if Bw > 1 else 0, h]
+    for j in range(Wy):
+        ur[j] = yr[j] - acc[j]
+        acc[j] = wr[j] * ur[j]
+    _spread(acc, x[b], m[mb], h, k, a, f, z[b], True)
 
 
 @njit(**_JIT)
 def step_w(z, y, wt, m, k, a, f, x, u):
     """u = y − A z and x = z + Aᵀ(wt ⊙ u) in one pass per (b, h): the z row is read again from cache."""
-    B, H = z.shape[0], z.shape[2]
-    Bm, Bw, Wy = m.shape[0], wt.shape[0], y.shape[3]
-    for i in prange(B * H):
-        b, h = i // H, i % H
-        mb = b if Bm > 1 else 0
-        acc = np.zeros(Wy, dtype=y.dtype)
-        _accumulate(acc, z[b], m[mb], h, k, a, f)
-        yr, ur, wr = y[b, 0, h], u[b, 0, h], wt[b if Bw > 1 else 0, h]
-        for j in range(Wy):
-            ur[j] = yr[j] - acc[j]
-            acc[j] = wr[j] * ur[j]
-        _spread(acc, x[b], m[mb], h, k, a, f, z[b], True)
+    for i in prange(z.shape[0] * z.shape[2]):
+        _step_w_task(i, z, y, wt, m, k, a, f, x, u)
+
+
+@njit(**_SERIAL)
+def step_w_serial(z, y, wt, m, k, a, f, x, u):
+    for i in range(z.shape[0] * z.shape[2]):
+        _step_w_task(i, z, y, wt, m, k, a, f, x, u)
 
 
 # ----------------------------------------------------------------------------- dispersion along h
@@ -132,67 +163,157 @@ def _accumulate_rows(acc, x3, m3, i, k, a, f):
                 acc[w] += fc * (mr[w] * xr[w])
 
 
+@njit(**_HELPER)
+def _fwd_task(i, x, m, k, a, f, y, rows):
+    B, Hy = y.shape[0], y.shape[2]
+    Bm = m.shape[0]
+    b, r = i // Hy, i % Hy
+    yr = y[b, 0, r]
+    yr[:] = 0
+    if rows:
+        _accumulate_rows(yr, x[b], m[b if Bm > 1 else 0], r, k, a, f)
+    else:
+        _accumulate(yr, x[b], m[b if Bm > 1 else 0], r, k, a, f)
+
+
 @njit(**_JIT)
 def fwd(x, m, k, a, f, y, rows):
     """y = A x, one task per (b, y row): dispersion along rows (``rows``: X (B, C, Hx, Wd) ->
     Y (B, 1, Hx+Δ, Wd)) or along w (x (B, C, H, W) -> y (B, 1, H, W+Δ))."""
-    B, Hy = y.shape[0], y.shape[2]
+    for i in prange(y.shape[0] * y.shape[2]):
+        _fwd_task(i, x, m, k, a, f, y, rows)
+
+
+@njit(**_SERIAL)
+def fwd_serial(x, m, k, a, f, y, rows):
+    for i in range(y.shape[0] * y.shape[2]):
+        _fwd_task(i, x, m, k, a, f, y, rows)
+
+
+@njit(**_HELPER)
+def _adj_h_task(i, y, m, k, a, f, x, z, add):
+    B, C, Hx, Wd = x.shape
     Bm = m.shape[0]
-    for i in prange(B * Hy):
-        b, r = i // Hy, i % Hy
-        yr = y[b, 0, r]
-        yr[:] = 0
-        if rows:
-            _accumulate_rows(yr, x[b], m[b if Bm > 1 else 0], r, k, a, f)
+    Cm = m.shape[1]
+    b, h = i // Hx, i % Hx
+    mb = b if Bm > 1 else 0
+    for c in range(C):
+        xr, mr = x[b, c, h], m[mb, c if Cm > 1 else 0, h]
+        kc, fc, ac = k[c], f[c], a[c]
+        r0 = y[b, 0, h + kc]
+        if fc == 0:
+            if add:
+                zr = z[b, c, h]
+                for w in range(Wd):
+                    xr[w] = zr[w] + mr[w] * r0[w]
+            else:
+                for w in range(Wd):
+                    xr[w] = mr[w] * r0[w]
         else:
-            _accumulate(yr, x[b], m[b if Bm > 1 else 0], r, k, a, f)
+            r1 = y[b, 0, h + kc + 1]
+            if add:
+                zr = z[b, c, h]
+                for w in range(Wd):
+                    xr[w] = zr[w] + mr[w] * (ac * r0[w] + fc * r1[w])
+            else:
+                for w in range(Wd):
+                    xr[w] = mr[w] * (ac * r0[w] + fc * r1[w])
 
 
 @njit(**_JIT)
 def adj_h(y, m, k, a, f, x, z, add):
     """X = (z +) Aᵀ Y along rows: Y (B, 1, Hx+Δ, Wd) -> X (B, C, Hx, Wd), one task per (b, x row)."""
-    B, C, Hx, Wd = x.shape
-    Bm = m.shape[0]
-    Cm = m.shape[1]
-    for i in prange(B * Hx):
-        b, h = i // Hx, i % Hx
-        mb = b if Bm > 1 else 0
-        for c in range(C):
-            xr, mr = x[b, c, h], m[mb, c if Cm > 1 else 0, h]
-            kc, fc, ac = k[c], f[c], a[c]
-            r0 = y[b, 0, h + kc]
-            if fc == 0:
-                if add:
-                    zr = z[b, c, h]
-                    for w in range(Wd):
-                        xr[w] = zr[w] + mr[w] * r0[w]
-                else:
-                    for w in range(Wd):
-                        xr[w] = mr[w] * r0[w]
-            else:
-                r1 = y[b, 0, h + kc + 1]
-                if add:
-                    zr = z[b, c, h]
-                    for w in range(Wd):
-                        xr[w] = zr[w] + mr[w] * (ac * r0[w] + fc * r1[w])
-                else:
-                    for w in range(Wd):
-                        xr[w] = mr[w] * (ac * r0[w] + fc * r1[w])
+    for i in prange(x.shape[0] * x.shape[2]):
+        _adj_h_task(i, y, m, k, a, f, x, z, add)
+
+
+@njit(**_SERIAL)
+def adj_h_serial(y, m, k, a, f, x, z, add):
+    for i in range(x.shape[0] * x.shape[2]):
+        _adj_h_task(i, y, m, k, a, f, x, z, add)
+
+
+@njit(**_HELPER)
+def _residual_h_task(i, z, y, wt, m, k, a, f, u, r):
+    B, Hy, Wd = y.shape[0], y.shape[2], y.shape[3]
+    Bm, Bw = m.shape[0], wt.shape[0]
+    b, j = i // Hy, i % Hy
+    acc = np.zeros(Wd, dtype=y.dtype)
+    _accumulate_rows(acc, z[b], m[b if Bm > 1 else 0], j, k, a, f)
+    yr, ur, rr, wr = y[b, 0, j], u[b, 0, j], r[b, 0, j], wt[b if Bw > 1 else 0, j]
+    for w in range(Wd):
+        ur[w] = yr[w] - acc[w]
+        rr[w] = wr[w] * ur[w]
 
 
 @njit(**_JIT)
 def residual_h(z, y, wt, m, k, a, f, u, r):
     """u = Y − A Z and r = wt ⊙ u along rows, one task per (b, y row): the data step's first half."""
-    B, Hy, Wd = y.shape[0], y.shape[2], y.shape[3]
-    Bm, Bw = m.shape[0], wt.shape[0]
-    for i in prange(B * Hy):
-        b, j = i // Hy, i % Hy
-        acc = np.zeros(Wd, dtype=y.dtype)
-        _accumulate_rows(acc, z[b], m[b if Bm > 1 else 0], j, k, a, f)
-        yr, ur, rr, wr = y[b, 0, j], u[b, 0, j], r[b, 0, j], wt[b if Bw > 1 else 0, j]
-        for w in range(Wd):
-            ur[w] = yr[w] - acc[w]
-            rr[w] = wr[w] * ur[w]
+    for i in prange(y.shape[0] * y.shape[2]):
+        _residual_h_task(i, z, y, wt, m, k, a, f, u, r)
+
+
+@njit(**_SERIAL)
+def residual_h_serial(z, y, wt, m, k, a, f, u, r):
+    for i in range(y.shape[0] * y.shape[2]):
+        _residual_h_task(i, z, y, wt, m, k, a, f, u, r)
+
+
+@njit(**_HELPER)
+def _tv_planes_task(n, f, out, w, iters, tau):
+    N, H, W = f.shape
+    inv_w = 1.0 / w
+    fn = f[n]
+    p1 = np.zeros((H, W), f.dtype)   # p along h
+    p2 = np.zeros((H, W), f.dtype)   # p along w
+    z = np.empty((H, W), f.dtype)
+    for it in range(iters):
+        # z = div p − f/w; div p[i] = p[i] − p[i−1] (p[−1] = 0, p[N−1] stays 0)
+        for i in range(H):
+            zr, fr, a1, a2 = z[i], fn[i], p1[i], p2[i]
+            if i > 0:
+                b1 = p1[i - 1]
+                zr[0] = a1[0] - b1[0] + a2[0] - fr[0] * inv_w
+                for j in range(1, W):
+                    zr[j] = a1[j] - b1[j] + a2[j] - a2[j - 1] - fr[j] * inv_w
+            else:
+                zr[0] = a1[0] + a2[0] - fr[0] * inv_w
+                for j in range(1, W):
+                    zr[j] = a1[j] + a2[j] - a2[j - 1] - fr[j] * inv_w
+        # p ← (p + τ∇z) / (1 + τ|∇z|), ∇z = 0 at the far edges
+        for i in range(H):
+            zr, a1, a2 = z[i], p1[i], p2[i]
+            if i < H - 1:
+                zn = z[i + 1]
+                for j in range(W - 1):
+                    g1 = zn[j] - zr[j]
+                    g2 = zr[j + 1] - zr[j]
+                    inv = 1 / (1 + tau * np.sqrt(g1 * g1 + g2 * g2))
+                    a1[j] = (a1[j] + tau * g1) * inv
+                    a2[j] = (a2[j] + tau * g2) * inv
+                g1 = zn[W - 1] - zr[W - 1]
+                den = 1 + tau * abs(g1)
+                a1[W - 1] = (a1[W - 1] + tau * g1) / den
+                a2[W - 1] = a2[W - 1] / den
+            else:
+                for j in range(W - 1):
+                    g2 = zr[j + 1] - zr[j]
+                    den = 1 + tau * abs(g2)
+                    a1[j] = a1[j] / den
+                    a2[j] = (a2[j] + tau * g2) / den
+    # out = f − w·div p
+    o = out[n]
+    for i in range(H):
+        a1, a2, fr, orow = p1[i], p2[i], fn[i], o[i]
+        if i > 0:
+            b1 = p1[i - 1]
+            orow[0] = fr[0] - w * (a1[0] - b1[0] + a2[0])
+            for j in range(1, W):
+                orow[j] = fr[j] - w * (a1[j] - b1[j] + a2[j] - a2[j - 1])
+        else:
+            orow[0] = fr[0] - w * (a1[0] + a2[0])
+            for j in range(1, W):
+                orow[j] = fr[j] - w * (a1[j] + a2[j] - a2[j - 1])
 
 
 @njit(**_JIT)
@@ -204,57 +325,11 @@ def tv_planes(f, out, w, iters, tau):
 
     (∇: forward differences, 0 at the far edges; div = −∇ᵀ). ``out`` may be ``f`` (read and written at the
     same index only)."""
-    N, H, W = f.shape
-    inv_w = 1.0 / w
-    for n in prange(N):
-        fn = f[n]
-        p1 = np.zeros((H, W), f.dtype)   # p along h
-        p2 = np.zeros((H, W), f.dtype)   # p along w
-        z = np.empty((H, W), f.dtype)
-        for it in range(iters):
-            # z = div p − f/w; div p[i] = p[i] − p[i−1] (p[−1] = 0, p[N−1] stays 0)
-            for i in range(H):
-                zr, fr, a1, a2 = z[i], fn[i], p1[i], p2[i]
-                if i > 0:
-                    b1 = p1[i - 1]
-                    zr[0] = a1[0] - b1[0] + a2[0] - fr[0] * inv_w
-                    for j in range(1, W):
-                        zr[j] = a1[j] - b1[j] + a2[j] - a2[j - 1] - fr[j] * inv_w
-                else:
-                    zr[0] = a1[0] + a2[0] - fr[0] * inv_w
-                    for j in range(1, W):
-                        zr[j] = a1[j] + a2[j] - a2[j - 1] - fr[j] * inv_w
-            # p ← (p + τ∇z) / (1 + τ|∇z|), ∇z = 0 at the far edges
-            for i in range(H):
-                zr, a1, a2 = z[i], p1[i], p2[i]
-                if i < H - 1:
-                    zn = z[i + 1]
-                    for j in range(W - 1):
-                        g1 = zn[j] - zr[j]
-                        g2 = zr[j + 1] - zr[j]
-                        inv = 1 / (1 + tau * np.sqrt(g1 * g1 + g2 * g2))
-                        a1[j] = (a1[j] + tau * g1) * inv
-                        a2[j] = (a2[j] + tau * g2) * inv
-                    g1 = zn[W - 1] - zr[W - 1]
-                    den = 1 + tau * abs(g1)
-                    a1[W - 1] = (a1[W - 1] + tau * g1) / den
-                    a2[W - 1] = a2[W - 1] / den
-                else:
-                    for j in range(W - 1):
-                        g2 = zr[j + 1] - zr[j]
-                        den = 1 + tau * abs(g2)
-                        a1[j] = a1[j] / den
-                        a2[j] = (a2[j] + tau * g2) / den
-        # out = f − w·div p
-        o = out[n]
-        for i in range(H):
-            a1, a2, fr, orow = p1[i], p2[i], fn[i], o[i]
-            if i > 0:
-                b1 = p1[i - 1]
-                orow[0] = fr[0] - w * (a1[0] - b1[0] + a2[0])
-                for j in range(1, W):
-                    orow[j] = fr[j] - w * (a1[j] - b1[j] + a2[j] - a2[j - 1])
-            else:
-                orow[0] = fr[0] - w * (a1[0] + a2[0])
-                for j in range(1, W):
-                    orow[j] = fr[j] - w * (a1[j] + a2[j] - a2[j - 1])
+    for n in prange(f.shape[0]):
+        _tv_planes_task(n, f, out, w, iters, tau)
+
+
+@njit(**_SERIAL)
+def tv_planes_serial(f, out, w, iters, tau):
+    for n in range(f.shape[0]):
+        _tv_planes_task(n, f, out, w, iters, tau)
