@@ -1,4 +1,4 @@
-# One command each: `make demo` runs the main job, `make test` runs the tests.
+# One command each: `make demo` runs the main job, `make test` runs the tests (pytest-xdist: one worker per core).
 # Both bootstrap a local virtual environment (.venv) on first use, idempotently.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -23,7 +23,7 @@ demo: venv
 	$(PY) scripts/reconstruct.py ckpt=pretrained/synthetic_demo $(ARGS)
 
 test: venv
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n auto $(ARGS)
 
 bench: venv
 	$(PY) scripts/benchmark.py $(ARGS)

@@ -18,9 +18,10 @@ SCENES = ["synthetic_2000000", "synthetic_2000001"]
 
 
 def reconstruct(tmp_path: Path, out: Path, *overrides) -> subprocess.CompletedProcess:
+    """Runs the script; COLUMNS=200, as rich wraps lines at the terminal width (a long tmp path splits phrases)."""
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "reconstruct.py"), f"output_dir={out}", *overrides],
-                          cwd=tmp_path, env=dict(os.environ, PYTHONWARNINGS="ignore"), capture_output=True,
-                          text=True, timeout=600)
+                          cwd=tmp_path, env=dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200"),
+                          capture_output=True, text=True, timeout=600)
 
 
 class Links(html.parser.HTMLParser):
