@@ -79,6 +79,9 @@ class Counting:
     def __init__(self, fail=()):
         self.calls, self.fail = 0, fail
 
+    def __repr__(self):  # like the solvers' reprs: the same for the same settings (the writer compares them)
+        return "Counting()"
+
     def __call__(self, op, y, gt=None):
         self.calls += y.shape[0]
         if self.calls in self.fail:
@@ -162,3 +165,26 @@ def test_write_table(tmp_path):
     assert csv.read_text().splitlines()[0] == "name,psnr,time,iterations"
     assert json.loads(js.read_text())["mean"]["psnr"] == 25.0
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_a_failing_baseline_keeps_the_methods_result_and_a_rerun_redoes_only_its_baseline(tmp_path):
+    def run(baseline):
+        writer = CubeWriter(tmp_path, fmt="npy", preview=False)
+        m = ReconstructionModule(PseudoInverse(), partial(CASSI, bands=C, step=2, backend="strided"),
+                                 skip=writer.complete, baseline=baseline)
+        trainer(callbacks=[writer]).predict(m, DataLoader(batches(), batch_size=1), return_predictions=False)
+        return writer, {r["name"]: r for r in writer.rows}
+
+    writer, rows = run(Counting(fail=[2]))  # the baseline raises on the second scene
+    assert writer.failed == [("s1", "baseline: RuntimeError: out of memory (simulated)")]
+    assert sorted(p.name for p in (tmp_path / "reconstructions").glob("*.npy")) == ["s0.npy", "s1.npy", "s2.npy"]
+    assert rows["s1"]["status"] == "reconstructed" and "baseline_psnr" not in rows["s1"]
+    assert rows["s1"]["baseline_error"] == "RuntimeError: out of memory (simulated)"
+    assert all("baseline_psnr" in rows[n] and "baseline_error" not in rows[n] for n in ("s0", "s2"))
+    baseline = Counting()
+    writer, rows = run(baseline)  # same baseline (same repr): only the scene whose baseline failed is redone
+    assert baseline.calls == 1 and writer.failed == []
+    assert {n: r["status"] for n, r in rows.items()} == {"s0": "complete: kept", "s1": "reconstructed",
+                                                         "s2": "complete: kept"}
+    writer, rows = run(None)  # without a baseline, scenes written beside one are redone
+    assert {r["status"] for r in rows.values()} == {"reconstructed"}

@@ -101,7 +101,8 @@ class CubeWriter(BasePredictionWriter):
 
     def complete(self, name: str) -> bool:
         """True when ``name`` was written before: its record and every output asked for now (``files``) are
-        present and readable (the cube loads, the pictures decode). Always False with ``overwrite``."""
+        present and readable (the cube loads, the pictures decode), beside the same baseline as now (none, or
+        one with the same repr, which succeeded). Always False with ``overwrite``."""
         if self.overwrite:
             return False
         if name in self._records:
@@ -109,7 +110,8 @@ class CubeWriter(BasePredictionWriter):
         try:
             record = json.loads(self._record_path(name).read_text())
             expected = self.files(name, record["truth"])
-            if any(record["files"].get(kind) != rel for kind, rel in expected.items()):
+            if (any(record["files"].get(kind) != rel for kind, rel in expected.items())
+                    or record.get("baseline") != self.baseline_title):
                 return False
             import matplotlib.image
 
@@ -141,7 +143,8 @@ class CubeWriter(BasePredictionWriter):
                     viz.save_comparison(out["baseline_compare"], gt, base, self.wavelengths,
                                         psnr=row.get("baseline_psnr"))
         self._record_path(name).parent.mkdir(parents=True, exist_ok=True)
-        record = {"row": row, "files": files, "truth": gt is not None}
+        record = {"row": row, "files": files, "truth": gt is not None,
+                  "baseline": self.baseline_title if base is not None else None}
         write_text_atomic(self._record_path(name), json.dumps(record, indent=1))
         self._records[name] = record
         return files
@@ -186,7 +189,12 @@ class CubeWriter(BasePredictionWriter):
                    "residual": float(prediction["residual"][i]), "time": prediction["time"],
                    "iterations": prediction["iterations"]}
             base = prediction.get("baseline")
-            if base is not None:
+            if base is not None and "error" in base:  # the method's result is written; the run reports it
+                row["baseline_error"] = " ".join(base["error"].split())
+                log.error("%s: the baseline failed: %s", name, row["baseline_error"])
+                self.failed.append((name, f"baseline: {row['baseline_error']}"))
+                base = None
+            elif base is not None:
                 row.update({f"baseline_{k}": float(v[i]) for k, v in base.get("metrics", {}).items()})
                 row.update(baseline_residual=float(base["residual"][i]), baseline_time=base["time"])
                 base = base["x"][i].detach().float().cpu()

@@ -78,20 +78,21 @@ class ReconstructionModule(L.LightningModule):
         """{"x", "name", "time", "iterations", "residual", "metrics" (with ground truth), "baseline" (with a
         baseline: {"x", "time", "iterations", "residual", "metrics"})}; or
         {"name", "skipped": True} when ``skip`` accepts every scene; or {"name", "error": "Type: message"}
-        when the reconstruction raises (so that one bad scene does not stop the others)."""
+        when the reconstruction raises (so that one bad scene does not stop the others); a baseline that
+        raises gives "baseline": {"error": ...} beside the method's result."""
         names = batch.get("name") or [f"scene{batch_idx}_{i}" for i in range(batch["y"].shape[0])]
         if self.skip is not None and all(self.skip(n) for n in names):
             return {"name": names, "skipped": True}
-        try:
-            def run(reconstructor) -> dict:
+        def run(reconstructor) -> dict:
+            try:
                 x, stats = self.reconstruct(batch, reconstructor)
-                return {"x": x, **stats} | ({"metrics": all_metrics(x, batch["x"])} if "x" in batch else {})
+            except Exception as e:  # noqa: BLE001 - reported per scene by the writer, the run goes on
+                return {"error": f"{type(e).__name__}: {e}"}
+            return {"x": x, **stats} | ({"metrics": all_metrics(x, batch["x"])} if "x" in batch else {})
 
-            out = {"name": names, **run(self.reconstructor)}
-            if self.baseline is not None:
-                out["baseline"] = run(self.baseline)
-        except Exception as e:  # noqa: BLE001 - reported per scene by the writer, the run goes on
-            return {"name": names, "error": f"{type(e).__name__}: {e}"}
+        out = {"name": names, **run(self.reconstructor)}
+        if self.baseline is not None and "error" not in out:  # a failing baseline keeps the method's result
+            out["baseline"] = run(self.baseline)
         return out
 
     def on_test_epoch_start(self) -> None:
