@@ -222,3 +222,19 @@ def test_loads_from_a_checkpoint_with_its_solver(tmp_path):
     op, x = random_op(1, 5, 12, 12)
     with torch.no_grad():
         assert torch.equal(loaded(op, op(x)), model(op, op(x)))
+
+
+def test_under_ddp_one_process_computes_the_pool_and_the_other_ranks_load_it(tmp_path, monkeypatch):
+    """Lightning calls prepare_data on one process per node, then setup on every rank."""
+    import cassi.models.refine as refine
+    from cassi.data.datamodule import CASSIDataModule
+
+    monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
+    Counting.calls = 0
+    rank0, rank1 = CASSIDataModule(train=pool(tmp_path)), CASSIDataModule(train=pool(tmp_path))
+    rank0.prepare_data()
+    assert Counting.calls == 3 and (tmp_path / "fi.pt").is_file()
+    rank0.setup("fit")
+    rank1.setup("fit")
+    assert Counting.calls == 3
+    assert torch.equal(rank1.datasets["train"].scenes["x0"], rank0.datasets["train"].scenes["x0"])

@@ -103,13 +103,22 @@ class CASSIDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers, self.seed, self.pin_memory = num_workers, seed, pin_memory
 
+    def prepare_data(self) -> None:
+        """On one process per node (Lightning calls it there first): training datasets with a ``prepare()``
+        (precomputed inputs, e.g. ``cassi.models.FirstIterates``) compute and cache them, so that under DDP
+        the other ranks load the cache in :meth:`setup` instead of each running the solver."""
+        self._prepare()
+
     def setup(self, stage: str | None = None) -> None:
-        """Before fitting, training datasets with a ``prepare()`` (precomputed inputs, e.g.
-        ``cassi.models.FirstIterates``) compute them here, in the main process."""
-        if stage in (None, "fit") and self.datasets["train"] is not None:
-            for part in _parts(self.datasets["train"]):
-                if callable(getattr(part, "prepare", None)):
-                    part.prepare()
+        """Before fitting, training datasets with a ``prepare()`` compute (or load) them here, in the main
+        process, so that data-loader workers share them."""
+        if stage in (None, "fit"):
+            self._prepare()
+
+    def _prepare(self) -> None:
+        for part in _parts(self.datasets["train"]) if self.datasets["train"] is not None else []:
+            if callable(getattr(part, "prepare", None)):
+                part.prepare()
 
     def _loader(self, split: str, batch_size: int, sampler=None) -> DataLoader | list:
         ds = self.datasets[split]
