@@ -57,7 +57,7 @@ def test_solver_specs():
     assert build_solver(solver) is solver
     with pytest.raises(ValueError, match="cannot be imported"):
         build_solver({"_target_": "cassi.solvers.Nope"})
-    with pytest.raises(ValueError, match="is not a cassi.solvers.Solver"):
+    with pytest.raises(ValueError, match="is not a subclass of Solver"):
         build_solver({"_target_": "torch.nn.Linear"})
     with pytest.raises(ValueError, match="solver must be a dict"):
         Refiner(bands=5, solver="gap_tv")

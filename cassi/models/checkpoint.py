@@ -50,16 +50,25 @@ def _read(path: Path) -> dict:
     return ckpt
 
 
-def _build(spec: dict, path: Path) -> nn.Module:
-    spec = dict(spec)
-    target = spec.pop("_target_", "")
+def import_class(target: str, base: type, what: str) -> type:
+    """The class named by ``target`` ("package.module.Class"), a subclass of ``base``; ValueError naming
+    ``what`` (e.g. "model class") when it cannot be imported or is not such a class."""
     module, _, name = target.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"{path}: model class {target!r} cannot be imported ({e})") from e
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ValueError(f"{path}: {target!r} is not a torch.nn.Module class")
+        raise ValueError(f"{what} {target!r} cannot be imported ({e})") from e
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ValueError(f"{what} {target!r} is not a subclass of {base.__name__}")
+    return cls
+
+
+def _build(spec: dict, path: Path) -> nn.Module:
+    spec = dict(spec)
+    try:
+        cls = import_class(spec.pop("_target_", ""), nn.Module, "model class")
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return cls(**spec)
 
 

@@ -11,7 +11,6 @@ precomputed (x, x₀, r) — no operator and no solver in the training loop (:cl
 from __future__ import annotations
 
 import hashlib
-import importlib
 import logging
 import os
 import time
@@ -23,6 +22,7 @@ from torch.utils.data import Dataset
 
 from cassi.data.datasets import stable_seed
 from cassi.models.blocks import UNet
+from cassi.models.checkpoint import import_class
 from cassi.models.unrolled import Unrolled, _config, _plain
 from cassi.solvers.base import Solver
 
@@ -41,14 +41,7 @@ def build_solver(spec) -> Solver:
     if not isinstance(spec, dict) or not isinstance(spec.get("_target_"), str):
         raise ValueError(f"solver must be a dict {{'_target_': 'cassi.solvers.GAPTV', ...}}, got {spec!r}")
     args = dict(spec)
-    module, _, name = args.pop("_target_").rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"solver class {spec['_target_']!r} cannot be imported ({e})") from e
-    if not (isinstance(cls, type) and issubclass(cls, Solver)):
-        raise ValueError(f"solver {spec['_target_']!r} is not a cassi.solvers.Solver")
-    return cls(**args)
+    return import_class(args.pop("_target_"), Solver, "solver class")(**args)
 
 
 def _scale(x0: torch.Tensor) -> torch.Tensor:
@@ -108,13 +101,17 @@ class Refiner(Unrolled):
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
         """x_K (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` [x₀, …, x_K]. ``gt`` is ignored."""
         self.check(op)
-        x0, r = self.first(op, y)
-        outs = [x0]
+        x, r = self.first(op, y)
+        outs = [x]
         for k in range(self.stages):
-            if k:
-                r = op.pinv(y - op(outs[-1]))
-            outs.append(self.refine(outs[-1], r, stage=k))
+            x, r = self.step(op, y, x, r, k)
+            outs.append(x)
         return outs if return_stages else outs[-1]
+
+    def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int):
+        """Stage ``stage``: x' = refine(x, r) and what it leaves of y, r' = A⁺(y − A x'), both (B, C, H, W)."""
+        x = self.refine(x, r, stage=stage)
+        return x, op.pinv(y - op(x))
 
 
 class FirstIterates(Dataset):
@@ -273,8 +270,7 @@ class FirstIterates(Dataset):
                 y, op = data["y"][i:i + 1], self.simulator.operator(data["mask"][i:i + 1], data["x"].shape[1])
                 x, r = data["x0"][i:i + 1].float(), data["r"][i:i + 1].float()
                 for k in range(self.stages - 1):
-                    x = model.refine(x, r, stage=k)
-                    r = op.pinv(y - op(x))
+                    x, r = model.step(op, y, x, r, k)
                 data["x0"][i], data["r"][i], data["scale"][i] = x[0].half(), r[0].half(), _scale(x)[0]
         log.info("first iterates: %d scenes through stages 1..%d of %s", len(data["names"]), self.stages - 1,
                  self.init)
