@@ -194,7 +194,8 @@ class FirstIterates(Dataset):
         if self.cache is None or not self.cache.is_file():
             return None
         try:
-            data = torch.load(self.cache, map_location="cpu", weights_only=True)
+            # memory-mapped: the scenes stay in the page cache, shared by every process that trains on this file
+            data = torch.load(self.cache, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # a partial or foreign file: rebuild it
             log.warning("first iterates: %s is unreadable (%s): recomputing", self.cache, e)
             return None
