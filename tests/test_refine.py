@@ -160,6 +160,24 @@ def test_bad_arguments():
         pool()[10]
 
 
+def test_scenes_of_another_size_fail_before_the_solver_runs_on_them(tmp_path, monkeypatch):
+    import cassi.models.refine as refine
+
+    class Mixed(torch.utils.data.Dataset):  # the third scene is larger
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"x": torch.rand(5, 24 if i < 2 else 28, 24), "name": f"s{i}"}
+
+    monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
+    Counting.calls = 0
+    sim = Simulator(BernoulliMasks(0.5), bands=5, step=1, backend="strided")
+    with pytest.raises(ValueError, match=r"one size.*scene 2 \(s2\) is \(5, 28, 24\).*scene 0 \(5, 24, 24\)"):
+        FirstIterates(Mixed(), sim, PINV, patch_size=8, cache=tmp_path / "fi.pt").prepare()
+    assert Counting.calls == 2 and not list(tmp_path.iterdir())  # no solver run on it, nothing written
+
+
 def checkpoint(path, model):
     torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in model.state_dict().items()},
                 "cassi": {"model": model.config, "geometry": None, "wavelengths": None}}, path)

@@ -217,7 +217,7 @@ class FirstIterates(Dataset):
         n = len(self.cubes)
         if callable(getattr(self.cubes, "set_epoch", None)):
             self.cubes.set_epoch(0)  # the scenes are drawn once
-        cols: dict[str, list] = {"x": [], "x0": [], "r": [], "y": [], "mask": [], "scale": [], "names": []}
+        data: dict = {"names": []}  # filled in place: (N, …) tensors allocated at the first scene, no second copy
         t0 = time.monotonic()
         with Progress(transient=False) as bar, torch.no_grad():
             task = bar.add_task(f"first iterates ({type(solver).__name__}) of {n} scenes", total=n)
@@ -228,24 +228,25 @@ class FirstIterates(Dataset):
                     raise ValueError(f"patch_size {self.patch} is larger than the scenes ({x.shape[-2]}×{x.shape[-1]})")
                 gen = torch.Generator().manual_seed(stable_seed(self.seed, "first-iterates", i, item.get("name", "")))
                 batch = self.simulator({"x": x}, generator=gen, training=True)
+                if i and (x.shape[1:] != data["x"].shape[1:] or batch["mask"].shape[1:] != data["mask"].shape[1:]):
+                    raise ValueError(f"FirstIterates needs scenes of one size (give cubes a patch_size or crop_to): "
+                                     f"scene {i} ({item.get('name', i)}) is {tuple(x.shape[1:])} with a mask "
+                                     f"{tuple(batch['mask'].shape[1:])}, scene 0 {tuple(data['x'].shape[1:])} with "
+                                     f"{tuple(data['mask'].shape[1:])}")
                 op = self.simulator.operator(batch["mask"], x.shape[1])
                 x0 = solver(op, batch["y"]).x
-                r = op.pinv(batch["y"] - op(x0))
-                for k, v in (("x", x), ("x0", x0), ("r", r)):
-                    cols[k].append(v[0].half())
-                cols["y"].append(batch["y"][0].float())  # float32: the residuals y − A x are far below y
-                cols["mask"].append(batch["mask"][0].float())
-                cols["scale"].append(_scale(x0)[0])
-                cols["names"].append(str(item.get("name", i)))
+                # y in float32: the residuals y − A x are far below y
+                row = {"x": x.half(), "x0": x0.half(), "r": op.pinv(batch["y"] - op(x0)).half(),
+                       "y": batch["y"].float(), "mask": batch["mask"].float(), "scale": _scale(x0)}
+                for k, v in row.items():
+                    if i == 0:
+                        data[k] = torch.empty((n, *v.shape[1:]), dtype=v.dtype)
+                    data[k][i] = v[0]
+                data["names"].append(str(item.get("name", i)))
                 bar.advance(task)
                 if not bar.console.is_terminal and (i + 1) % max(1, n // 10) == 0:  # a log file: 10 lines
                     log.info("first iterates: %d/%d scenes, %.1f min", i + 1, n, (time.monotonic() - t0) / 60)
-        shapes = {(tuple(v.shape), tuple(m.shape)) for v, m in zip(cols["x"], cols["mask"])}
-        if len(shapes) != 1:
-            raise ValueError(f"FirstIterates needs scenes of one size (give cubes a patch_size or crop_to), "
-                             f"got {sorted(shapes)}")
-        data = {k: torch.stack(v) for k, v in cols.items() if k != "names"} | {"names": cols["names"],
-                                                                                "key": self._key()}
+        data["key"] = self._key()
         if self.cache is not None:
             self.cache.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.cache, lambda tmp: torch.save(data, tmp))
