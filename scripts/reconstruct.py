@@ -47,7 +47,8 @@ def main(cfg: DictConfig) -> None:
         return
     console.print(Markdown(writer.summary_paths[0].read_text()))
     kept = sum(r.get("status") == "complete: kept" for r in writer.rows)
-    console.print(f"{len(writer.rows) - len(writer.failed)} scene(s) in {writer.output_dir} ({kept} complete from "
+    written = sum(r.get("status") != "failed" for r in writer.rows)  # a scene whose baseline failed is written
+    console.print(f"{written} scene(s) in {writer.output_dir} ({kept} complete from "
                   f"an earlier run, kept); report: {writer.output_dir / 'index.html'}")
     if writer.failed:
         console.print(f"[red]{len(writer.failed)} input(s) failed:[/red]")

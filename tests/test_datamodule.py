@@ -17,7 +17,7 @@ import cassi.io as io
 from cassi import CASSI
 from cassi.data import (BernoulliMasks, CubeFiles, FixedMask, GaussianNoise, RandomMaskCrops, Simulator,
                         SyntheticCubes, synthetic_batch)
-from cassi.data.datamodule import CASSIDataModule
+from cassi.lightning.datamodule import CASSIDataModule
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -192,6 +192,8 @@ class Probe(L.LightningModule):
     def validation_step(self, batch, i):
         self.seen.append(("val", self.current_epoch, batch["x"].clone(), batch["y"].shape, batch["mask"].shape))
 
+    test_step = validation_step
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -209,6 +211,28 @@ def test_trainer_fit_gets_simulated_batches_and_fresh_crops(tmp_path):
     assert not torch.equal(train_seen[0][2], train_seen[2][2])  # epoch 1 draws new crops
     val_seen = [s for s in probe.seen if s[0] == "val"]
     assert len(val_seen) == 4 and all(s[3:] == ((1, 1, 8, 12), (1, 1, 8, 8)) for s in val_seen)
+
+
+class Pool(SyntheticCubes):
+    """A training set with precomputed inputs (like ``FirstIterates``): counts its ``prepare()`` calls."""
+    prepared = 0
+
+    def prepare(self):
+        self.prepared += 1
+
+
+def test_only_fitting_prepares_the_training_set():
+    """Evaluating a checkpoint must not run the solver over the training pool (minutes to hours)."""
+    train = Pool(2, 8, 8, bands=3, seed=20)
+    dm = CASSIDataModule(train=train, val=SyntheticCubes(2, 8, 8, bands=3), test=SyntheticCubes(1, 8, 8, bands=3, seed=9),
+                         batch_size=2, simulator=Simulator(BernoulliMasks(), bands=3, backend="loop"))
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.validate(Probe(), dm)
+    trainer.test(Probe(), dm)
+    assert train.prepared == 0
+    trainer.fit(Probe(), dm)
+    assert train.prepared >= 1
 
 
 def test_importing_cassi_data_stays_light():

@@ -188,3 +188,23 @@ def test_a_failing_baseline_keeps_the_methods_result_and_a_rerun_redoes_only_its
                                                          "s2": "complete: kept"}
     writer, rows = run(None)  # without a baseline, scenes written beside one are redone
     assert {r["status"] for r in rows.values()} == {"reconstructed"}
+
+
+def test_a_failed_baseline_leaves_no_baseline_pictures(tmp_path):
+    """The record (hence the report) lists only pictures that exist: a baseline that failed this time has none,
+    and those of an earlier run beside a working baseline are removed."""
+    def run(baseline, **kw):
+        writer = CubeWriter(tmp_path, fmt="npy", **kw)
+        m = ReconstructionModule(PseudoInverse(), partial(CASSI, bands=C, step=2, backend="strided"),
+                                 skip=writer.complete, baseline=baseline)
+        trainer(callbacks=[writer]).predict(m, DataLoader(batches(), batch_size=1), return_predictions=False)
+        return writer
+
+    run(Counting())
+    assert (tmp_path / "previews" / "s1_baseline.png").is_file()
+    run(Counting(fail=[2]), overwrite=True)  # the baseline fails on s1 this time
+    record = json.loads((tmp_path / "scenes" / "s1.json").read_text())
+    assert not {"baseline", "baseline_compare"} & set(record["files"]) and record["baseline"] is None
+    assert not list((tmp_path / "previews").glob("s1_baseline*"))
+    assert all((tmp_path / rel).is_file() for rel in record["files"].values())
+    assert (tmp_path / "previews" / "s0_baseline_compare.png").is_file()

@@ -134,6 +134,8 @@ def test_a_forked_child_can_run_the_kernels(tmp_path):
         op = CASSI(torch.rand(6, 7), bands=3, step=2, backend="numba")
         x = torch.rand(2, 3, 6, 7)
         expected = op(x)
+        from cassi.backends import numba as nb
+        nb._LOCK.acquire()  # as if another thread of the parent were in a kernel when it forked
         def child(q):
             q.put(torch.equal(op(x), expected))
         ctx = mp.get_context("fork")
@@ -147,6 +149,20 @@ def test_a_forked_child_can_run_the_kernels(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "True"], r.stdout + r.stderr
 
+
+
+@pytest.mark.parametrize("axis", ["w", "h"])
+@pytest.mark.parametrize("geom", ["step2", "frac"])
+@pytest.mark.parametrize("masks", ["2d", "batch"])
+def test_serial_kernels_equal_the_loop(masks, geom, axis, monkeypatch):
+    """The serial twins that forked children (DataLoader workers) run compute the same operator."""
+    monkeypatch.setattr(nb, "_FORKED", True)
+    op, ref = make_op(masks, geom, axis, "numba"), make_op(masks, geom, axis, "loop")
+    x, y = rand((B, *op.x_shape)), rand((B, *op.y_shape))
+    torch.testing.assert_close(op(x), ref(x))
+    torch.testing.assert_close(op.adjoint(y), ref.adjoint(y))
+    torch.testing.assert_close(op.pinv(y), ref.pinv(y))
+    torch.testing.assert_close(op.data_step(x, y, 0.2), ref.data_step(x, y, 0.2))
 
 
 def test_first_call_keeps_torchs_thread_setting(tmp_path):

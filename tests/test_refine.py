@@ -78,8 +78,8 @@ class Counting:
         return self.inner(op, y)
 
 
-def pool(tmp_path=None, solver=PINV, n=3, size=24, patch=8, **kw):
-    sim = Simulator(BernoulliMasks(0.5), bands=5, step=1, backend="strided")
+def pool(tmp_path=None, solver=PINV, n=3, size=24, patch=8, backend="strided", **kw):
+    sim = Simulator(BernoulliMasks(0.5), bands=5, step=1, backend=backend)
     return FirstIterates(SyntheticCubes(n, size, size, bands=5, seed=3), sim, solver, patch_size=patch,
                          samples_per_epoch=10, cache=None if tmp_path is None else tmp_path / "fi.pt", **kw)
 
@@ -134,6 +134,8 @@ def test_cache_spares_the_solver_and_is_rebuilt_when_it_does_not_fit(tmp_path, m
     again = pool(tmp_path)
     again.prepare()
     assert Counting.calls == 3 and torch.equal(again.scenes["x0"], first.scenes["x0"])
+    pool(tmp_path, backend="loop").prepare()     # another backend computes the same measurements: kept
+    assert Counting.calls == 3
     pool(tmp_path, solver=FAST_TV).prepare()     # another solver: recomputed
     assert Counting.calls == 6
     pool(tmp_path, n=2).prepare()               # other scenes: recomputed
@@ -245,7 +247,7 @@ def test_loads_from_a_checkpoint_with_its_solver(tmp_path):
 def test_under_ddp_one_process_computes_the_pool_and_the_other_ranks_load_it(tmp_path, monkeypatch):
     """Lightning calls prepare_data on one process per node, then setup on every rank."""
     import cassi.models.refine as refine
-    from cassi.data.datamodule import CASSIDataModule
+    from cassi.lightning.datamodule import CASSIDataModule
 
     monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
     Counting.calls = 0

@@ -70,17 +70,18 @@ def _kernels():
 def _run(name: str, *args) -> None:
     """Run kernel ``name`` with ``torch.get_num_threads()`` threads (capped at numba's pool); in a forked
     child, its ``_serial`` twin (measured on 256² × 28 × 16 at one thread: A as fast, Aᵀ ~17 % slower, so
-    the parent runs the parallel kernel even at one thread). Calls are serialised (numba's workqueue layer,
-    used where OpenMP and TBB are missing, must not be entered by two threads at once)."""
+    the parent runs the parallel kernel even at one thread). Parallel calls are serialised (numba's workqueue
+    layer, used where OpenMP and TBB are missing, must not be entered by two threads at once); serial ones take
+    no lock (a child forked while another thread held it would wait on it forever)."""
     import numba
 
     kernels = _kernels()
+    if _FORKED:
+        getattr(kernels, name + "_serial")(*args)
+        return
     with _LOCK:
-        if _FORKED:
-            getattr(kernels, name + "_serial")(*args)
-        else:
-            numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-            getattr(kernels, name)(*args)
+        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+        getattr(kernels, name)(*args)
 
 
 @lru_cache(maxsize=1)

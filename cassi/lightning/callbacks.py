@@ -129,6 +129,10 @@ class CubeWriter(BasePredictionWriter):
         returns its files."""
         self._record_path(name).unlink(missing_ok=True)  # until the record is back, the scene is incomplete
         files = self.files(name, gt is not None)
+        if base is None:  # no baseline estimate (none asked for, or it failed): no baseline pictures, old ones go
+            for kind in ("baseline", "baseline_compare"):
+                if kind in files:
+                    (self.output_dir / files.pop(kind)).unlink(missing_ok=True)
         out = {k: self.output_dir / v for k, v in files.items()}
         self.written.append(save_cube(out["cube"], x, wavelengths=self.wavelengths, meta=self.meta, overwrite=True))
         if self.preview:

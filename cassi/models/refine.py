@@ -104,14 +104,15 @@ class Refiner(Unrolled):
         x, r = self.first(op, y)
         outs = [x]
         for k in range(self.stages):
-            x, r = self.step(op, y, x, r, k)
+            x, r = self.step(op, y, x, r, k, residual=k < self.stages - 1)  # the last x needs no residual
             outs.append(x)
         return outs if return_stages else outs[-1]
 
-    def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int):
-        """Stage ``stage``: x' = refine(x, r) and what it leaves of y, r' = A⁺(y − A x'), both (B, C, H, W)."""
+    def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int, residual: bool = True):
+        """Stage ``stage``: x' = refine(x, r) and what it leaves of y, r' = A⁺(y − A x') (None unless
+        ``residual``), both (B, C, H, W)."""
         x = self.refine(x, r, stage=stage)
-        return x, op.pinv(y - op(x))
+        return x, op.pinv(y - op(x)) if residual else None
 
 
 class FirstIterates(Dataset):
@@ -134,7 +135,8 @@ class FirstIterates(Dataset):
 
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "scale": (1, 1, 1) the whole
     scene's s = mean(x0)/0.5, "name"}. The three flip together, across the dispersion axis only (a flip along
-    it would show errors of the opposite dispersion direction). Under DDP every rank computes the scenes.
+    it would show errors of the opposite dispersion direction). Under DDP one process per node computes the
+    scenes (``CASSIDataModule.prepare_data``) and the other ranks load them from ``cache``.
     """
 
     def __init__(self, cubes: Dataset, simulator, solver=None, patch_size=64, samples_per_epoch: int = 1024,

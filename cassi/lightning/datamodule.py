@@ -13,6 +13,7 @@ import random
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler
 
 from cassi.data.datasets import stable_seed
@@ -104,10 +105,12 @@ class CASSIDataModule(L.LightningDataModule):
         self.num_workers, self.seed, self.pin_memory = num_workers, seed, pin_memory
 
     def prepare_data(self) -> None:
-        """On one process per node (Lightning calls it there first): training datasets with a ``prepare()``
-        (precomputed inputs, e.g. ``cassi.models.FirstIterates``) compute and cache them, so that under DDP
-        the other ranks load the cache in :meth:`setup` instead of each running the solver."""
-        self._prepare()
+        """On one process per node (Lightning calls it there first), when fitting: training datasets with a
+        ``prepare()`` (precomputed inputs, e.g. ``cassi.models.FirstIterates``) compute and cache them, so that
+        under DDP the other ranks load the cache in :meth:`setup` instead of each running the solver.
+        ``validate``/``test``/``predict`` leave them alone (they never read the training split)."""
+        if self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING:
+            self._prepare()
 
     def setup(self, stage: str | None = None) -> None:
         """Before fitting, training datasets with a ``prepare()`` compute (or load) them here, in the main
