@@ -192,7 +192,7 @@ def test_a_failing_baseline_keeps_the_methods_result_and_a_rerun_redoes_only_its
 
 def test_a_failed_baseline_leaves_no_baseline_pictures(tmp_path):
     """The record (hence the report) lists only pictures that exist: a baseline that failed this time has none,
-    and those of an earlier run beside a working baseline are removed."""
+    and those of an earlier run beside a working baseline are removed (also when no baseline runs now)."""
     def run(baseline, **kw):
         writer = CubeWriter(tmp_path, fmt="npy", **kw)
         m = ReconstructionModule(PseudoInverse(), partial(CASSI, bands=C, step=2, backend="strided"),
@@ -208,3 +208,5 @@ def test_a_failed_baseline_leaves_no_baseline_pictures(tmp_path):
     assert not list((tmp_path / "previews").glob("s1_baseline*"))
     assert all((tmp_path / rel).is_file() for rel in record["files"].values())
     assert (tmp_path / "previews" / "s0_baseline_compare.png").is_file()
+    run(None)  # without a baseline the scenes are redone, and no baseline picture is left beside them
+    assert not list((tmp_path / "previews").glob("*_baseline*"))

@@ -15,7 +15,8 @@ two passes (u first, then x).
   contiguous. Autograd is the operator's: A's backward is Aᵀ and the reverse.
 * Threads: every call runs with ``torch.get_num_threads()`` threads (capped at numba's pool,
   ``NUMBA_NUM_THREADS``, default: the CPU count), so ``torch.set_num_threads`` / ``OMP_NUM_THREADS``
-  set both; in a forked child each kernel's serial twin runs. numba's threading
+  set both; in a forked child each kernel's serial twin runs (compiled there, or loaded from the on-disk cache,
+  on its first call). numba's threading
   layer is OpenMP where it can load (one thread pool with torch's, see ``_kernels``).
 * Compilation: a few seconds per dtype and layout on first use; ``cache=True`` keeps the machine
   code on disk (``cassi/backends/__pycache__``, or ``NUMBA_CACHE_DIR``), so a later process loads

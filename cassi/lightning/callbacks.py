@@ -131,8 +131,8 @@ class CubeWriter(BasePredictionWriter):
         files = self.files(name, gt is not None)
         if base is None:  # no baseline estimate (none asked for, or it failed): no baseline pictures, old ones go
             for kind in ("baseline", "baseline_compare"):
-                if kind in files:
-                    (self.output_dir / files.pop(kind)).unlink(missing_ok=True)
+                files.pop(kind, None)
+                (self.output_dir / "previews" / f"{name}_{kind}.png").unlink(missing_ok=True)
         out = {k: self.output_dir / v for k, v in files.items()}
         self.written.append(save_cube(out["cube"], x, wavelengths=self.wavelengths, meta=self.meta, overwrite=True))
         if self.preview:
