@@ -213,12 +213,33 @@ def test_more_stages_start_from_fewer_in_training(tmp_path):
     TrainingModule(two, operator=None, init_weights=str(path))
     assert all(torch.equal(a, b) for a, b in zip(two.priors[0].state_dict().values(), one.priors[0].state_dict().values()))
     wider = Refiner(bands=5, stages=2, width=8, depth=2, solver=FAST_TV)
-    with pytest.raises(ValueError, match="differs from the configured one in width"):
+    with pytest.raises(ValueError, match=r"differs from the configured one in \(width, depth\) per stage"):
         TrainingModule(wider, operator=None, init_weights=str(path))
+    # a new stage may have its own U-Net shape; the stages taken from the checkpoint must keep theirs
+    deeper = Refiner(bands=5, stages=2, width=[4, 6], depth=[2, 3], solver=FAST_TV)
+    TrainingModule(deeper, operator=None, init_weights=str(path))
+    assert all(torch.equal(a, b) for a, b in zip(deeper.priors[0].state_dict().values(),
+                                                 one.priors[0].state_dict().values()))
+    with pytest.raises(ValueError, match=r"\(width, depth\) per stage \(\[\(4, 2\)\] there, \[\(4, 3\)\] here\)"):
+        TrainingModule(Refiner(bands=5, stages=2, width=4, depth=[3, 3], solver=FAST_TV), operator=None,
+                       init_weights=str(path))
     path2 = checkpoint(tmp_path / "s2.ckpt", two)
     with pytest.raises(ValueError, match="differs from the configured one in stages"):
         TrainingModule(Refiner(bands=5, stages=1, width=4, depth=2, solver=FAST_TV), operator=None,
                        init_weights=str(path2))
+
+
+def test_per_stage_u_net_shapes():
+    m = Refiner(bands=5, stages=3, width=[4, 4, 8], depth=[2, 2, 3], solver=FAST_TV)
+    n = [sum(p.numel() for p in u.parameters()) for u in m.priors]
+    assert n[0] == n[1] == sum(p.numel() for p in Refiner(bands=5, width=4, depth=2).priors[0].parameters())
+    assert n[2] == sum(p.numel() for p in Refiner(bands=5, width=8, depth=3).priors[0].parameters())
+    op, x = random_op(1, 5, 16, 16)
+    assert m(op, op(x)).shape == x.shape
+    with pytest.raises(ValueError, match=r"depth must be a positive int or a list of 3 \(one per stage\), got \[2, 2\]"):
+        Refiner(bands=5, stages=3, depth=[2, 2])
+    with pytest.raises(ValueError, match="width must be a positive int"):
+        Refiner(bands=5, stages=1, width=0)
 
 
 def test_training_step_on_windows_trains_the_last_stage(tmp_path):

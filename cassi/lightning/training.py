@@ -23,6 +23,7 @@ from cassi.lightning.module import ReconstructionModule
 from cassi.metrics import all_metrics
 from cassi.models.checkpoint import load_model
 from cassi.models.losses import ReconstructionLoss
+from cassi.models.refine import stage_shapes
 
 __all__ = ["TrainingModule", "warmup_cosine"]
 
@@ -98,6 +99,11 @@ class TrainingModule(ReconstructionModule):
                                      trained.config.get("stages", 1) <= config.get("stages", 1) else set())
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
+        if "stages" in ignore:  # a Refiner's U-Nets compared stage by stage, over the checkpoint's stages
+            k = trained.config.get("stages", 1)
+            for d, c in ((want, config), (have, trained.config)):
+                d.pop("width", None), d.pop("depth", None)
+                d["(width, depth) per stage"] = stage_shapes(c)[:k]
         if want != have:
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             raise ValueError(f"init_weights={path}: its model differs from the configured one in "

@@ -49,6 +49,21 @@ def _scale(x0: torch.Tensor) -> torch.Tensor:
     return (x0.detach().mean(dim=(1, 2, 3), keepdim=True) / 0.5).clamp_min(2e-6)
 
 
+def stage_shapes(config: dict) -> list[tuple[int, int]]:
+    """(width, depth) of each stage's U-Net from a Refiner's config (``width``/``depth``: one int for all
+    stages or a list with one per stage); ValueError naming the argument when a list has another length."""
+    stages = int(config.get("stages", 1))
+    out = []
+    for name, default in (("width", 16), ("depth", 4)):
+        v = config.get(name, default)
+        v = list(v) if isinstance(v, (list, tuple)) else [v] * stages
+        if len(v) != stages or not all(isinstance(i, int) and i >= 1 for i in v):
+            raise ValueError(f"Refiner {name} must be a positive int or a list of {stages} (one per stage), "
+                             f"got {config.get(name)!r}")
+        out.append(v)
+    return list(zip(*out))
+
+
 class Refiner(Unrolled):
     """x_k = x_{k−1} + s_k·U_k([x_{k−1}, r_{k−1}]/s_k), k = 1..K: residual U-Nets correcting a solver's
     reconstruction x₀, each from what the last estimate leaves of the measurement, r = A⁺(y − A x).
@@ -56,7 +71,8 @@ class Refiner(Unrolled):
     Args:
         bands: C.
         stages: K, the number of corrections (each with its own U-Net).
-        width, depth: each U-Net (widths ``width``·2^s over ``depth`` scales; input 2C channels).
+        width, depth: each U-Net (widths ``width``·2^s over ``depth`` scales; input 2C channels); a list gives
+            one value per stage (e.g. ``depth=[4, 4, 5]``: a third stage with one more scale).
         solver: the first iterate's solver as {"_target_": class path, **arguments} (stored in checkpoints;
             default: the shipped GAP-TV, :data:`DEFAULT_SOLVER`). It runs without gradients.
         checkpointing: recompute the U-Nets' activations in backward.
@@ -67,8 +83,8 @@ class Refiner(Unrolled):
     whenever the solver is (GAP-TV is not exactly: its TV weight is absolute).
     """
 
-    def __init__(self, bands: int = 28, stages: int = 1, width: int = 16, depth: int = 4, solver: dict | None = None,
-                 checkpointing: bool = False):
+    def __init__(self, bands: int = 28, stages: int = 1, width: int | list[int] = 16, depth: int | list[int] = 4,
+                 solver: dict | None = None, checkpointing: bool = False):
         super().__init__(bands, stages, False, checkpointing, normalize=True)
         if isinstance(solver, Solver):
             raise ValueError(f"solver must be a config {{'_target_': ..., **arguments}} (stored in checkpoints), "
@@ -77,7 +93,8 @@ class Refiner(Unrolled):
         self.solver = build_solver(solver)
         self.solver_spec = solver
         self.config = _config(self, dict(locals()))
-        self.priors = self._make_priors(lambda: UNet(2 * bands, bands, width, depth))
+        shapes = stage_shapes(self.config)
+        self.priors = nn.ModuleList(UNet(2 * bands, bands, w, d) for w, d in shapes)
 
     def first(self, op, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x₀, r₀) = (solver(op, y), A⁺(y − A x₀)), both (B, C, H, W), without gradients."""
