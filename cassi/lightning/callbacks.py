@@ -91,10 +91,13 @@ class CubeWriter(BasePredictionWriter):
             if truth:
                 files["compare"] = f"previews/{name}_compare.png"
             if self.baseline:
-                files["baseline"] = f"previews/{name}_baseline.png"
-                if truth:
-                    files["baseline_compare"] = f"previews/{name}_baseline_compare.png"
+                files.update(self._baseline_files(name, truth))
         return files
+
+    @staticmethod
+    def _baseline_files(name: str, truth: bool = True) -> dict[str, str]:
+        """The baseline's pictures of scene ``name`` (its comparison only with ground truth)."""
+        return {kind: f"previews/{name}_{kind}.png" for kind in ("baseline", "baseline_compare")[:1 + truth]}
 
     def _record_path(self, name: str) -> Path:
         return self.output_dir / "scenes" / f"{name}.json"
@@ -130,9 +133,9 @@ class CubeWriter(BasePredictionWriter):
         self._record_path(name).unlink(missing_ok=True)  # until the record is back, the scene is incomplete
         files = self.files(name, gt is not None)
         if base is None:  # no baseline estimate (none asked for, or it failed): no baseline pictures, old ones go
-            for kind in ("baseline", "baseline_compare"):
+            for kind, rel in self._baseline_files(name).items():
                 files.pop(kind, None)
-                (self.output_dir / "previews" / f"{name}_{kind}.png").unlink(missing_ok=True)
+                (self.output_dir / rel).unlink(missing_ok=True)
         out = {k: self.output_dir / v for k, v in files.items()}
         self.written.append(save_cube(out["cube"], x, wavelengths=self.wavelengths, meta=self.meta, overwrite=True))
         if self.preview:

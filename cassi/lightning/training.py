@@ -99,10 +99,10 @@ class TrainingModule(ReconstructionModule):
                                      trained.config.get("stages", 1) <= config.get("stages", 1) else set())
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
-        if "stages" in ignore:  # a Refiner's U-Nets compared stage by stage, over the checkpoint's stages
+        if "stages" in ignore and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the checkpoint's
             k = trained.config.get("stages", 1)
             for d, c in ((want, config), (have, trained.config)):
-                d.pop("width", None), d.pop("depth", None)
+                del d["width"], d["depth"]
                 d["(width, depth) per stage"] = stage_shapes(c)[:k]
         if want != have:
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))

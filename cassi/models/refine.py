@@ -52,14 +52,12 @@ def _scale(x0: torch.Tensor) -> torch.Tensor:
 def stage_shapes(config: dict) -> list[tuple[int, int]]:
     """(width, depth) of each stage's U-Net from a Refiner's config (``width``/``depth``: one int for all
     stages or a list with one per stage); ValueError naming the argument when a list has another length."""
-    stages = int(config.get("stages", 1))
-    out = []
-    for name, default in (("width", 16), ("depth", 4)):
-        v = config.get(name, default)
-        v = list(v) if isinstance(v, (list, tuple)) else [v] * stages
+    stages, out = config["stages"], []
+    for name in ("width", "depth"):
+        v = config[name] if isinstance(config[name], (list, tuple)) else [config[name]] * stages
         if len(v) != stages or not all(isinstance(i, int) and i >= 1 for i in v):
             raise ValueError(f"Refiner {name} must be a positive int or a list of {stages} (one per stage), "
-                             f"got {config.get(name)!r}")
+                             f"got {config[name]!r}")
         out.append(v)
     return list(zip(*out))
 
@@ -93,8 +91,7 @@ class Refiner(Unrolled):
         self.solver = build_solver(solver)
         self.solver_spec = solver
         self.config = _config(self, dict(locals()))
-        shapes = stage_shapes(self.config)
-        self.priors = nn.ModuleList(UNet(2 * bands, bands, w, d) for w, d in shapes)
+        self.priors = nn.ModuleList(UNet(2 * bands, bands, w, d) for w, d in stage_shapes(self.config))
 
     def first(self, op, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x₀, r₀) = (solver(op, y), A⁺(y − A x₀)), both (B, C, H, W), without gradients."""
