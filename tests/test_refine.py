@@ -44,6 +44,31 @@ def test_stages_start_from_the_solver_and_train_every_prior(geometry):
     assert not missing, f"no gradient reaches {missing}"
 
 
+@pytest.mark.parametrize("geometry", [dict(step=2), dict(offsets=[0.0, 1.5, 2.25, 4.0, 5.5])], ids=["step2", "fractional"])
+def test_projected_stages_fit_the_measurement(geometry):
+    """project=True: each stage's output x̃ + A⁺(y − A x̃) meets A x = y wherever Φ > 0, and the next stage
+    corrects it from r̃ = A⁺(y − A x̃) (what the projection added)."""
+    op, x = random_op(2, 5, 13, 11, **geometry)
+    y = op(x)
+    plain, proj = tiny(stages=2), tiny(stages=2)
+    proj.project = True
+    assert Refiner(bands=5, project=True).config["project"] is True  # stored in checkpoints
+    with torch.no_grad():
+        a, b = plain(op, y, return_stages=True), proj(op, y, return_stages=True)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], proj.refine(b[0], op.pinv(y - op(b[0])), stage=0))
+        r1 = op.pinv(y - op(a[1]))
+        torch.testing.assert_close(b[1], a[1] + r1)
+        t2 = proj.refine(b[1], r1, stage=1)  # stage 2's correction before its projection
+        torch.testing.assert_close(b[2], t2 + op.pinv(y - op(t2)))
+        covered = (op.phi > 0).expand_as(y)
+        for out, before in ((b[1], a[1]), (b[2], t2)):
+            fit, miss = ((op(v) - y)[covered].abs().max() for v in (out, before))
+            if "step" in geometry:  # integer shifts: A Aᵀ = diag(Φ), so the projection meets y exactly
+                assert fit < 1e-4 * y.abs().max() and miss > 100 * fit, (fit, miss)
+            else:  # two-tap shifts couple neighbouring columns: one projection step only brings x closer
+                assert fit < miss, (fit, miss)
+
+
 def test_brightness_equivariant_with_a_linear_solver():
     op, x = random_op(2, 5, 12, 12)
     model = tiny(stages=2, solver=PINV)
@@ -204,6 +229,19 @@ def test_stage_two_is_trained_on_the_output_of_stage_one(tmp_path):
         pool(stages=3, init=path).prepare()
 
 
+def test_projected_stage_one_feeds_stage_two(tmp_path):
+    first = tiny(stages=1, solver=PINV)
+    path = checkpoint(tmp_path / "s1.ckpt", first)
+    base, ds = pool(), pool(stages=2, init=path, project=True)
+    b, s = base.scenes, ds.scenes
+    op = base.simulator.operator(b["mask"][:1], 5)
+    with torch.no_grad():
+        x1 = first.refine(b["x0"][:1].float(), b["r"][:1].float(), stage=0)
+    r1 = op.pinv(b["y"][:1] - op(x1))
+    assert torch.allclose(s["x0"][0].float(), (x1 + r1)[0], atol=2e-3, rtol=2e-3)  # stage 1 projected
+    assert torch.allclose(s["r"][0].float(), r1[0], atol=2e-3, rtol=2e-3)
+
+
 def test_more_stages_start_from_fewer_in_training(tmp_path):
     from cassi.lightning import TrainingModule
 
@@ -211,6 +249,8 @@ def test_more_stages_start_from_fewer_in_training(tmp_path):
     path = checkpoint(tmp_path / "s1.ckpt", one)
     two = Refiner(bands=5, stages=2, width=4, depth=2, solver=FAST_TV)
     TrainingModule(two, operator=None, init_weights=str(path))
+    TrainingModule(Refiner(bands=5, stages=2, width=4, depth=2, solver=FAST_TV, project=True), operator=None,
+                   init_weights=str(path))  # how the stages chain is not in the weights
     assert all(torch.equal(a, b) for a, b in zip(two.priors[0].state_dict().values(), one.priors[0].state_dict().values()))
     wider = Refiner(bands=5, stages=2, width=8, depth=2, solver=FAST_TV)
     with pytest.raises(ValueError, match=r"differs from the configured one in \(width, depth\) per stage"):

@@ -95,8 +95,9 @@ class TrainingModule(ReconstructionModule):
         Refiner may have more stages than the checkpoint's: its first stages start from those (stage-wise
         training, see ``cassi.models.FirstIterates``)."""
         trained = load_model(path)
-        ignore = {"checkpointing"} | ({"stages"} if type(model).__name__ == "Refiner" and
-                                     trained.config.get("stages", 1) <= config.get("stages", 1) else set())
+        refiner = type(model).__name__ == "Refiner"  # how its stages chain (project) is not in the weights
+        ignore = {"checkpointing"} | ({"project"} if refiner else set()) | (
+            {"stages"} if refiner and trained.config.get("stages", 1) <= config.get("stages", 1) else set())
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
         if "stages" in ignore and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the checkpoint's

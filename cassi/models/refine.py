@@ -74,6 +74,9 @@ class Refiner(Unrolled):
         solver: the first iterate's solver as {"_target_": class path, **arguments} (stored in checkpoints;
             default: the shipped GAP-TV, :data:`DEFAULT_SOLVER`). It runs without gradients.
         checkpointing: recompute the U-Nets' activations in backward.
+        project: make every stage's output consistent with y, x_k = x̃_k + r̃_k with x̃_k the correction above and
+            r̃_k = A⁺(y − A x̃_k) (the GAP projection; the next stage sees (x_k, r̃_k)). For noiseless or lightly
+            noisy measurements (+0.3 dB after stage 1 of cave_tsa, docs/training.md); with noise it fits the noise.
 
     ``model(op, y)`` (B, 1, H, W+Δ) -> (B, C, H, W); ``return_stages=True`` gives [x₀, x₁, …, x_K].
     ``refine(x, r, scale, stage)`` is one learned correction alone (what :class:`FirstIterates` windows
@@ -82,8 +85,9 @@ class Refiner(Unrolled):
     """
 
     def __init__(self, bands: int = 28, stages: int = 1, width: int | list[int] = 16, depth: int | list[int] = 4,
-                 solver: dict | None = None, checkpointing: bool = False):
+                 solver: dict | None = None, checkpointing: bool = False, project: bool = False):
         super().__init__(bands, stages, False, checkpointing, normalize=True)
+        self.project = bool(project)
         if isinstance(solver, Solver):
             raise ValueError(f"solver must be a config {{'_target_': ..., **arguments}} (stored in checkpoints), "
                              f"got the object {solver!r}; from Hydra, instantiate the model with _recursive_=False")
@@ -123,10 +127,13 @@ class Refiner(Unrolled):
         return outs if return_stages else outs[-1]
 
     def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int, residual: bool = True):
-        """Stage ``stage``: x' = refine(x, r) and what it leaves of y, r' = A⁺(y − A x') (None unless
-        ``residual``), both (B, C, H, W)."""
+        """Stage ``stage``: x̃ = refine(x, r) and what it leaves of y, r' = A⁺(y − A x̃) (None unless
+        ``residual``); returns (x̃ + r' with ``project``, else x̃; r'), both (B, C, H, W)."""
         x = self.refine(x, r, stage=stage)
-        return x, op.pinv(y - op(x)) if residual else None
+        if not (residual or self.project):
+            return x, None
+        r = op.pinv(y - op(x))
+        return (x + r if self.project else x), (r if residual else None)
 
 
 class FirstIterates(Dataset):
@@ -146,6 +153,7 @@ class FirstIterates(Dataset):
         stages, init: the windows train the last stage of a Refiner of ``stages`` stages; for stages > 1 the
             stages before it come from ``init``, a trained Refiner checkpoint (``init_weights``) with at least
             stages − 1 stages: x₀, r become its (stages − 1)-th estimate and what that leaves of y.
+        project: the trained Refiner's ``project`` (the earlier stages' outputs are projected alike).
 
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "scale": (1, 1, 1) the whole
     scene's s = mean(x0)/0.5, "name"}. The three flip together, across the dispersion axis only (a flip along
@@ -155,9 +163,9 @@ class FirstIterates(Dataset):
 
     def __init__(self, cubes: Dataset, simulator, solver=None, patch_size=64, samples_per_epoch: int = 1024,
                  seed: int = 0, cache: str | os.PathLike | None = None, stages: int = 1,
-                 init: str | os.PathLike | None = None):
+                 init: str | os.PathLike | None = None, project: bool = False):
         self.cubes, self.simulator, self.seed, self.epoch = cubes, simulator, int(seed), 0
-        self.stages, self.init = int(stages), init
+        self.stages, self.init, self.project = int(stages), init, bool(project)
         if self.stages < 1:
             raise ValueError(f"stages must be >= 1, got {stages!r}")
         if self.stages > 1 and not init:
@@ -282,6 +290,7 @@ class FirstIterates(Dataset):
         if not isinstance(model, Refiner) or model.stages < self.stages - 1:
             raise ValueError(f"init {self.init}: stage {self.stages} is trained on the output of stages "
                              f"1..{self.stages - 1} of a Refiner, but it holds {model!r}")
+        model.project = self.project  # chained as the Refiner being trained chains them
         data = dict(data, x0=data["x0"].clone(), r=data["r"].clone(), scale=data["scale"].clone())
         with torch.no_grad():
             for i in range(len(data["names"])):
