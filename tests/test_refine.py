@@ -131,7 +131,7 @@ def test_windows_of_x_x0_r_cut_and_flipped_together():
         assert item["x"].shape == item["x0"].shape == item["r"].shape == (5, 8, 8)
         j, t, l, flips = _locate(item["x"], s)
         assert flips in ([], [-2])  # never along the dispersion axis (w)
-        for k in ("x0", "r"):
+        for k in ("x0", "r", "mask"):
             want = s[k][j, :, t:t + 8, l:l + 8].float()
             assert torch.equal(item[k], want.flip(flips) if flips else want)
         assert torch.equal(item["scale"], s["scale"][j]) and item["name"] == s["names"][j]
@@ -249,8 +249,8 @@ def test_more_stages_start_from_fewer_in_training(tmp_path):
     path = checkpoint(tmp_path / "s1.ckpt", one)
     two = Refiner(bands=5, stages=2, width=4, depth=2, solver=FAST_TV)
     TrainingModule(two, operator=None, init_weights=str(path))
-    TrainingModule(Refiner(bands=5, stages=2, width=4, depth=2, solver=FAST_TV, project=True), operator=None,
-                   init_weights=str(path))  # how the stages chain is not in the weights
+    TrainingModule(Refiner(bands=5, stages=2, width=4, depth=2, solver=dict(FAST_TV, iters=9), project=True),
+                   operator=None, init_weights=str(path))  # the first iterate and how stages chain: not in the weights
     assert all(torch.equal(a, b) for a, b in zip(two.priors[0].state_dict().values(), one.priors[0].state_dict().values()))
     wider = Refiner(bands=5, stages=2, width=8, depth=2, solver=FAST_TV)
     with pytest.raises(ValueError, match=r"differs from the configured one in \(width, depth\) per stage"):
@@ -294,6 +294,25 @@ def test_training_step_on_windows_trains_the_last_stage(tmp_path):
     assert all(p.grad is None for p in model.priors[0].parameters())
     assert all(p.grad is not None for p in model.priors[1].parameters())
     assert module.geometry == {"offsets": [0.0, 1.0, 2.0, 3.0, 4.0], "axis": "w", "bands": 5}
+
+
+def test_projected_refiner_trains_on_its_projected_windows():
+    """project=True: the loss sees the stage's output after the window's projection x̃ + A⁺(A x − A x̃)."""
+    from cassi.lightning import TrainingModule
+
+    model = tiny(stages=1, solver=PINV)
+    model.project = True
+    module = TrainingModule(model, operator=lambda mask: CASSI(mask, bands=5, step=1))
+    ds = pool()
+    batch = {k: torch.stack([ds[i][k] for i in range(4)]) for k in ("x", "x0", "r", "scale", "mask")}
+    op, x = CASSI(batch["mask"], bands=5, step=1), batch["x"]
+    with torch.no_grad():
+        out = model.refine(batch["x0"], batch["r"], batch["scale"])
+        want = module.loss(out + op.pinv(op(x) - op(out)), x)
+        assert torch.allclose(module.training_step(batch, 0), want)
+        model.project = False
+        assert torch.allclose(module.training_step(batch, 0), module.loss(out, x))
+        assert not torch.allclose(want, module.loss(out, x))
 
 
 def test_loads_from_a_checkpoint_with_its_solver(tmp_path):

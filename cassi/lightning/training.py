@@ -93,10 +93,10 @@ class TrainingModule(ReconstructionModule):
     def _init_weights(model: nn.Module, config: dict, path: str) -> None:
         """Copy the weights of the checkpoint ``path`` into ``model`` (ValueError when its model differs). A
         Refiner may have more stages than the checkpoint's: its first stages start from those (stage-wise
-        training, see ``cassi.models.FirstIterates``)."""
+        training, see ``cassi.models.FirstIterates``), and another first-iterate solver or ``project``."""
         trained = load_model(path)
-        refiner = type(model).__name__ == "Refiner"  # how its stages chain (project) is not in the weights
-        ignore = {"checkpointing"} | ({"project"} if refiner else set()) | (
+        refiner = type(model).__name__ == "Refiner"  # its first iterate and how stages chain are not in the weights
+        ignore = {"checkpointing"} | ({"project", "solver"} if refiner else set()) | (
             {"stages"} if refiner and trained.config.get("stages", 1) <= config.get("stages", 1) else set())
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
@@ -124,7 +124,11 @@ class TrainingModule(ReconstructionModule):
                 raise ValueError(f"training batches of first iterates (x0, r windows) train a cassi.models.Refiner "
                                  f"without stage_weights, not {type(self.reconstructor).__name__}"
                                  f"{' with stage_weights' if self.stage_weights is not None else ''}")
-            loss = self.loss(self.reconstructor.refine(batch["x0"], batch["r"], batch.get("scale")), x)
+            out = self.reconstructor.refine(batch["x0"], batch["r"], batch.get("scale"))
+            if getattr(self.reconstructor, "project", False):  # the output is projected onto y: train what survives
+                op = self.operator(mask=batch["mask"])          # (the window as a scene, noiseless: y = A x)
+                out = out + op.pinv(op(x) - op(out))
+            loss = self.loss(out, x)
         elif self.stage_weights is None:
             op = self.operator(mask=batch["mask"])
             loss = self.loss(self.reconstructor(op, batch["y"]), x)

@@ -155,10 +155,11 @@ class FirstIterates(Dataset):
             stages − 1 stages: x₀, r become its (stages − 1)-th estimate and what that leaves of y.
         project: the trained Refiner's ``project`` (the earlier stages' outputs are projected alike).
 
-    Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "scale": (1, 1, 1) the whole
-    scene's s = mean(x0)/0.5, "name"}. The three flip together, across the dispersion axis only (a flip along
-    it would show errors of the opposite dispersion direction). Under DDP one process per node computes the
-    scenes (``CASSIDataModule.prepare_data``) and the other ranks load them from ``cache``.
+    Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "mask": (1|C, h, w) the
+    scene's mask there, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name"}. They flip together,
+    across the dispersion axis only (a flip along it would show errors of the opposite dispersion direction).
+    Under DDP one process per node computes the scenes (``CASSIDataModule.prepare_data``) and the other ranks
+    load them from ``cache``.
     """
 
     def __init__(self, cubes: Dataset, simulator, solver=None, patch_size=64, samples_per_epoch: int = 1024,
@@ -320,7 +321,7 @@ class FirstIterates(Dataset):
         top, left = (int(torch.randint(m, (), generator=g)) for m in (H - h + 1, W - w + 1))
         flips = [self.flip_dim] if int(torch.randint(2, (), generator=g)) else []
         out = {}
-        for k in ("x", "x0", "r"):
+        for k in ("x", "x0", "r", "mask"):
             v = s[k][j, :, top:top + h, left:left + w].float()
             out[k] = v.flip(flips).contiguous() if flips else v.contiguous()
         return out | {"scale": s["scale"][j].float(), "name": s["names"][j]}
