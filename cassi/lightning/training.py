@@ -127,7 +127,7 @@ class TrainingModule(ReconstructionModule):
             out = self.reconstructor.refine(batch["x0"], batch["r"], batch.get("scale"))
             if getattr(self.reconstructor, "project", False):  # the output is projected onto y: train what survives
                 op = self.operator(mask=batch["mask"])          # (the window as a scene, noiseless: y = A x)
-                out = out + op.pinv(op(x) - op(out))
+                out = op.data_step(out, op(x))                  # ρ = 0: the GAP projection, one fused pass
             loss = self.loss(out, x)
         elif self.stage_weights is None:
             op = self.operator(mask=batch["mask"])
