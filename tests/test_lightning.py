@@ -1,5 +1,6 @@
 """The reconstruction LightningModule, the prediction writer and the results table."""
 import json
+from pathlib import Path
 from functools import partial
 
 import lightning as L
@@ -210,3 +211,24 @@ def test_a_failed_baseline_leaves_no_baseline_pictures(tmp_path):
     assert (tmp_path / "previews" / "s0_baseline_compare.png").is_file()
     run(None)  # without a baseline the scenes are redone, and no baseline picture is left beside them
     assert not list((tmp_path / "previews").glob("*_baseline*"))
+
+
+class _RecordsProcessGroup(ReconstructionModule):
+    """Writes, per rank, whether torch.distributed is still initialised once the module's teardown has run."""
+
+    def __init__(self, folder):
+        super().__init__(PseudoInverse(), partial(CASSI, bands=C, step=2, backend="strided"))
+        self.folder = str(folder)
+
+    def teardown(self, stage):
+        super().teardown(stage)
+        (Path(self.folder) / f"rank{self.global_rank}").write_text(str(torch.distributed.is_initialized()))
+
+
+def test_spawned_ranks_release_the_process_group_before_they_exit(tmp_path):
+    """ddp_spawn: each rank destroys its (gloo) process group in teardown, while the other rank is alive,
+    instead of leaving it to interpreter exit (which raced the peer's exit and aborted a rank)."""
+    m = _RecordsProcessGroup(tmp_path)
+    L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False, enable_progress_bar=False,
+              enable_model_summary=False).test(m, DataLoader(batches(), batch_size=1), verbose=False)
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"rank0": "False", "rank1": "False"}

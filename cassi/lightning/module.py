@@ -98,6 +98,18 @@ class ReconstructionModule(L.LightningModule):
     def on_test_epoch_start(self) -> None:
         self.rows = []
 
+    def teardown(self, stage: str) -> None:
+        """A spawned rank (``ddp_spawn``) ends when this call returns: release the process group here, after a
+        barrier, while every rank is still alive. Left to interpreter exit, gloo tears down racing its peer's exit
+        (a rank then aborted with "terminate called without an active exception" after a complete run)."""
+        import torch.distributed as dist
+        from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+
+        if (dist.is_available() and dist.is_initialized()
+                and isinstance(getattr(self.trainer.strategy, "launcher", None), _MultiProcessingLauncher)):
+            dist.barrier()
+            dist.destroy_process_group()
+
 
 def _columns(rows: list[dict]) -> list[str]:
     return list(dict.fromkeys(k for r in rows for k in r)) or ["name"]
