@@ -259,11 +259,13 @@ def test_export_weights_is_small_and_loads_like_the_checkpoint(tmp_path):
     ckpt = torch.load(path, weights_only=True)
     ckpt["global_step"] = 123
     ckpt["optimizer_states"] = [{"state": {0: torch.zeros(10000)}}]
+    ckpt["callbacks"] = {"ElapsedTime": {"cpu_min": 90.0, "wall_min": 48.0}}
     torch.save(ckpt, path)
     for half in (False, True):
         out = export_weights(path, tmp_path / f"w{int(half)}.ckpt", half=half)
         saved = torch.load(out, weights_only=True)
         assert saved["cassi"]["step"] == 123 and "optimizer_states" not in saved
+        assert saved["cassi"]["elapsed"] == {"cpu_min": 90.0, "wall_min": 48.0}
         dtypes = {v.dtype for v in saved["state_dict"].values()}
         assert dtypes == ({torch.float16} if half else {torch.float32})
         loaded = load_model(out)
@@ -271,6 +273,15 @@ def test_export_weights_is_small_and_loads_like_the_checkpoint(tmp_path):
             a, b = loaded(op, op(x)), model(op, op(x))
         assert torch.allclose(a, b, atol=0 if not half else 1e-2) and (half or torch.equal(a, b))
     assert not list(tmp_path.glob(".*.tmp"))
+    # a card made from the weights-only file (re-carding a shipped model) keeps the training's steps and time
+    from cassi.models.card import card_markdown
+    rows = [{"name": "s", "psnr": 20.0, "ssim": 0.5, "sam": 9.0, "time": 0.1}]
+    results = {split: {"m": rows} for split in ("validation", "test")}
+    row = "| training | 123 optimizer steps, 1.50 CPU-hours (0.80 h wall) |"
+    for ckpt_of_card in (ckpt, saved):
+        assert row in card_markdown("m", loaded, ckpt_of_card, results).splitlines()
+    del saved["cassi"]["elapsed"]
+    assert "123 optimizer steps, CPU time not recorded" in card_markdown("m", loaded, saved, results)
 
 
 @pytest.mark.parametrize("name, small", [("dauhst_2stg", ["model.dim=4", "model.window=4"]),

@@ -93,10 +93,10 @@ class TrainingModule(ReconstructionModule):
     def _init_weights(model: nn.Module, config: dict, path: str) -> None:
         """Copy the weights of the checkpoint ``path`` into ``model`` (ValueError when its model differs). A
         Refiner may have more stages than the checkpoint's: its first stages start from those (stage-wise
-        training, see ``cassi.models.FirstIterates``), and another first-iterate solver or ``project``."""
+        training, see ``cassi.models.FirstIterates``), and another first-iterate solver, ``project`` or ``flip_ensemble``."""
         trained = load_model(path)
         refiner = type(model).__name__ == "Refiner"  # its first iterate and how stages chain are not in the weights
-        ignore = {"checkpointing"} | ({"project", "solver"} if refiner else set()) | (
+        ignore = {"checkpointing"} | ({"project", "solver", "flip_ensemble"} if refiner else set()) | (
             {"stages"} if refiner and trained.config.get("stages", 1) <= config.get("stages", 1) else set())
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}

@@ -61,15 +61,19 @@ def _table(results: dict[str, list[dict]]) -> list[str]:
 def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, notes: str = "",
                   half: bool = False) -> str:
     """The model card: ``results`` {"validation"|"test": {method: per-scene rows (name, psnr, ssim, sam,
-    time)}}, ``checkpoint`` the training checkpoint (steps, CPU time of the ElapsedTime callback)."""
+    time)}}, ``checkpoint`` the training checkpoint (steps, CPU time of the ElapsedTime callback) or a
+    weights-only one (its "cassi" entry's "step" and "elapsed")."""
     n = sum(p.numel() for p in model.parameters())
     geo = model.geometry or {}
     offs = geo.get("offsets") or []
     steps = {round(b - a, 6) for a, b in zip(offs, offs[1:])}
     dispersion = f"step {steps.pop():g} px per band" if len(steps) == 1 else f"offsets {offs}"
-    elapsed = next((v for k, v in checkpoint.get("callbacks", {}).items() if k.startswith("ElapsedTime")), {})
-    cpu_h = elapsed.get("cpu_min", math.nan) / 60
-    wall_h = elapsed.get("wall_min", math.nan) / 60
+    shipped = checkpoint.get("cassi", {})  # a weights-only checkpoint (export_weights) keeps steps and time here
+    elapsed = next((v for k, v in checkpoint.get("callbacks", {}).items() if k.startswith("ElapsedTime")),
+                   shipped.get("elapsed", {}))
+    steps_trained = checkpoint.get("global_step", shipped.get("step", "?"))
+    cost = (f"{elapsed['cpu_min'] / 60:.2f} CPU-hours ({elapsed.get('wall_min', math.nan) / 60:.2f} h wall)"
+            if "cpu_min" in elapsed else "CPU time not recorded in the checkpoint")
     wl = model.wavelengths or []
     lines = [
         f"# `{name}` — {type(model).__name__}, {n / 1e6:.2f} M parameters",
@@ -83,8 +87,7 @@ def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, 
         f"| geometry it fits | {model.bands} bands, {dispersion}, dispersion along `{geo.get('axis', 'w')}`"
         f" (any other geometry is refused before any work) |",
         f"| wavelengths (nm) | {wl[0]:g} … {wl[-1]:g} ({len(wl)} bands) |" if wl else "| wavelengths | not stored |",
-        f"| training | {checkpoint.get('global_step', '?')} optimizer steps, {cpu_h:.2f} CPU-hours "
-        f"({wall_h:.2f} h wall) |",
+        f"| training | {steps_trained} optimizer steps, {cost} |",
         f"| weights | {'float16' if half else 'float32'} "
         f"({'validation PSNR within 0.05 dB of float32' if half else 'as trained'}) |",
         f"| reference | PSNR {reference_psnr(model):.2f} dB on `cassi.models.card.reference_input` "

@@ -99,7 +99,8 @@ def load_model(path, map_location="cpu", operator=None) -> nn.Module:
 def export_weights(path, out, half: bool = False) -> Path:
     """Write the weights-only checkpoint of a training checkpoint (``path`` or ``pretrained/<name>``) to
     ``out``, atomically: {"cassi": its model/geometry/wavelengths + "step" (optimizer steps trained) and
-    "monitor" (the best validation value, when the checkpoint records one), "state_dict": the model's weights
+    "monitor" (the best validation value, when the checkpoint records one) and "elapsed" (the ElapsedTime
+    callback's {"cpu_min", "wall_min"}, when recorded), "state_dict": the model's weights
     (the EMA weights when EMA was on), in float16 with ``half``}. It loads with :func:`load_model` and
     starts a new training run with ``init_weights=`` (no optimizer or schedule state: a few MB)."""
     from cassi.io import write_text_atomic
@@ -111,6 +112,9 @@ def export_weights(path, out, half: bool = False) -> Path:
                  and isinstance(s, dict) and s.get("monitor") and s.get("best_model_score") is not None), None)
     if best is not None:
         info["monitor"] = {"name": best["monitor"], "best": float(best["best_model_score"])}
+    elapsed = next((s for k, s in ckpt.get("callbacks", {}).items() if k.startswith("ElapsedTime")), None)
+    if elapsed:
+        info["elapsed"] = {k: float(elapsed[k]) for k in ("cpu_min", "wall_min") if k in elapsed}
     state = {k: (v.half() if half and v.is_floating_point() else v) for k, v in ckpt["state_dict"].items()
              if k.startswith(PREFIX)}
     out = Path(out)
