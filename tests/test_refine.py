@@ -342,28 +342,37 @@ def test_under_ddp_one_process_computes_the_pool_and_the_other_ranks_load_it(tmp
 
 @pytest.mark.parametrize("geometry", [dict(step=2), dict(step=1, axis="h")], ids=["step2", "step1-h"])
 @pytest.mark.parametrize("project", [False, True])
-def test_flip_ensemble_averages_each_stage_over_the_mirror_across_the_dispersion(geometry, project):
+@pytest.mark.parametrize("which", [True, [0]], ids=["all", "stage0"])
+def test_flip_ensemble_averages_stages_over_the_mirror_across_the_dispersion(geometry, project, which):
     """flip_ensemble: stage k's correction is the mean of refine(x, r) and the mirror of refine on the mirrored
-    (x, r), mirrored across the dispersion axis (h for dispersion along w, w for along h), with x's own scale."""
+    (x, r), mirrored across the dispersion axis (h for dispersion along w, w for along h), with x's own scale;
+    True: every stage, a list: those stages only."""
     op, x = random_op(2, 5, 12, 10, **geometry)
     y = op(x)
     model = tiny(stages=2)
     model.project = project
     ens = tiny(stages=2)
-    ens.project, ens.flip_ensemble = project, True
-    assert Refiner(bands=5, flip_ensemble=True).config["flip_ensemble"] is True  # stored in checkpoints
+    ens.project, ens.flip_ensemble = project, which
+    assert Refiner(bands=5, stages=2, flip_ensemble=which).config["flip_ensemble"] == which  # in checkpoints
     dim = -1 if geometry.get("axis") == "h" else -2
+
+    def mirrored(x, r, stage):
+        s = x.mean(dim=(1, 2, 3), keepdim=True) / 0.5
+        return 0.5 * (model.refine(x, r, stage=stage) + model.refine(x.flip(dim), r.flip(dim), s, stage).flip(dim))
+
     with torch.no_grad():
         a, b = model(op, y, return_stages=True), ens(op, y, return_stages=True)
         assert torch.equal(a[0], b[0])
         x0, r0 = b[0], op.pinv(y - op(b[0]))
-        s = x0.mean(dim=(1, 2, 3), keepdim=True) / 0.5
-        t1 = 0.5 * (model.refine(x0, r0, stage=0) + model.refine(x0.flip(dim), r0.flip(dim), s, stage=0).flip(dim))
+        t1 = mirrored(x0, r0, 0)
         r1 = op.pinv(y - op(t1))
         torch.testing.assert_close(b[1], t1 + r1 if project else t1)
         assert (b[1] - a[1]).abs().max() > 1e-3  # the mirrored pass changes the result (a non-symmetric U-Net)
-        x1 = b[1]
-        t2 = 0.5 * (model.refine(x1, r1, stage=1) +
-                    model.refine(x1.flip(dim), r1.flip(dim), x1.mean(dim=(1, 2, 3), keepdim=True) / 0.5,
-                                 stage=1).flip(dim))
+        t2 = mirrored(b[1], r1, 1) if which is True else model.refine(b[1], r1, stage=1)
         torch.testing.assert_close(b[2], t2 + op.pinv(y - op(t2)) if project else t2)
+
+
+@pytest.mark.parametrize("bad", [[2], [-1], ["0"], [True], "yes", 1])
+def test_flip_ensemble_refuses_what_is_not_a_stage_list(bad):
+    with pytest.raises(ValueError, match="flip_ensemble must be true, false or a list of stages in 0..1"):
+        Refiner(bands=5, stages=2, flip_ensemble=bad)

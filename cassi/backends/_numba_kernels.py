@@ -260,9 +260,9 @@ def residual_h_serial(z, y, wt, m, k, a, f, u, r):
 
 
 @njit(**_HELPER)
-def _tv_planes_task(n, f, out, w, iters, tau):
+def _tv_planes_task(n, f, out, c, iters):
     N, H, W = f.shape
-    inv_w = 1.0 / w
+    one, inv_w, tau, w = c[0], c[1], c[2], c[3]  # in f's dtype: Python floats would promote float32 to float64
     fn = f[n]
     p1 = np.zeros((H, W), f.dtype)   # p along h
     p2 = np.zeros((H, W), f.dtype)   # p along w
@@ -288,17 +288,17 @@ def _tv_planes_task(n, f, out, w, iters, tau):
                 for j in range(W - 1):
                     g1 = zn[j] - zr[j]
                     g2 = zr[j + 1] - zr[j]
-                    inv = 1 / (1 + tau * np.sqrt(g1 * g1 + g2 * g2))
+                    inv = one / (one + tau * np.sqrt(g1 * g1 + g2 * g2))
                     a1[j] = (a1[j] + tau * g1) * inv
                     a2[j] = (a2[j] + tau * g2) * inv
                 g1 = zn[W - 1] - zr[W - 1]
-                den = 1 + tau * abs(g1)
+                den = one + tau * abs(g1)
                 a1[W - 1] = (a1[W - 1] + tau * g1) / den
                 a2[W - 1] = a2[W - 1] / den
             else:
                 for j in range(W - 1):
                     g2 = zr[j + 1] - zr[j]
-                    den = 1 + tau * abs(g2)
+                    den = one + tau * abs(g2)
                     a1[j] = a1[j] / den
                     a2[j] = (a2[j] + tau * g2) / den
     # out = f − w·div p
@@ -317,19 +317,20 @@ def _tv_planes_task(n, f, out, w, iters, tau):
 
 
 @njit(**_JIT)
-def tv_planes(f, out, w, iters, tau):
+def tv_planes(f, out, c, iters):
     """Chambolle's TV denoiser D_w(f) = argmin_u ½‖u − f‖² + w·TV(u) (2-D isotropic TV) on every plane of
     f (N, H, W), ``iters`` dual steps from p = 0; one task per plane, whose p, z stay in cache:
 
         z = div p − f/w;   p ← (p + τ∇z) / (1 + τ|∇z|);   out = f − w·div p
 
     (∇: forward differences, 0 at the far edges; div = −∇ᵀ). ``out`` may be ``f`` (read and written at the
-    same index only)."""
+    same index only). ``c`` = [1, 1/w, τ, w] in f's dtype (float32 data then computes in float32: 1.9× faster
+    than with Python-float constants, measured)."""
     for n in prange(f.shape[0]):
-        _tv_planes_task(n, f, out, w, iters, tau)
+        _tv_planes_task(n, f, out, c, iters)
 
 
 @njit(**_SERIAL)
-def tv_planes_serial(f, out, w, iters, tau):
+def tv_planes_serial(f, out, c, iters):
     for n in range(f.shape[0]):
-        _tv_planes_task(n, f, out, w, iters, tau)
+        _tv_planes_task(n, f, out, c, iters)

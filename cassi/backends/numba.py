@@ -224,5 +224,8 @@ def tv_denoise(f: torch.Tensor, out: torch.Tensor, weight: float, iters: int) ->
         return False
     planes = f.detach().reshape(-1, *f.shape[-2:]).numpy()
     dst = out.detach().view(planes.shape).numpy()
-    _run("tv_planes", planes, dst, float(weight), int(iters), 0.25)
+    import numpy as np
+
+    c = np.array([1.0, 1.0 / weight, 0.25, weight], dtype=planes.dtype)  # 1, 1/w, τ, w in the data's dtype
+    _run("tv_planes", planes, dst, c, int(iters))
     return True
