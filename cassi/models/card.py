@@ -10,6 +10,7 @@ from torch import nn
 from cassi.data.masks import bernoulli_mask
 from cassi.data.synthetic import synthetic_cube
 from cassi.metrics import all_metrics
+from cassi.models.checkpoint import training_time
 from cassi.operator import CASSI
 
 __all__ = ["reference_input", "reference_output", "reference_psnr", "card_markdown"]
@@ -68,10 +69,8 @@ def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, 
     offs = geo.get("offsets") or []
     steps = {round(b - a, 6) for a, b in zip(offs, offs[1:])}
     dispersion = f"step {steps.pop():g} px per band" if len(steps) == 1 else f"offsets {offs}"
-    shipped = checkpoint.get("cassi", {})  # a weights-only checkpoint (export_weights) keeps steps and time here
-    elapsed = next((v for k, v in checkpoint.get("callbacks", {}).items() if k.startswith("ElapsedTime")),
-                   shipped.get("elapsed", {}))
-    steps_trained = checkpoint.get("global_step", shipped.get("step", "?"))
+    elapsed = training_time(checkpoint)
+    steps_trained = checkpoint.get("global_step", checkpoint.get("cassi", {}).get("step", "?"))  # or weights-only
     cost = (f"{elapsed['cpu_min'] / 60:.2f} CPU-hours ({elapsed.get('wall_min', math.nan) / 60:.2f} h wall)"
             if "cpu_min" in elapsed else "CPU time not recorded in the checkpoint")
     wl = model.wavelengths or []

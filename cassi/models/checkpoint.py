@@ -96,6 +96,15 @@ def load_model(path, map_location="cpu", operator=None) -> nn.Module:
     return model.to(map_location).eval()
 
 
+def training_time(ckpt: dict) -> dict:
+    """{"cpu_min", "wall_min"} that trained ``ckpt`` (a loaded checkpoint): its ElapsedTime callback's state, or a
+    weights-only checkpoint's "elapsed" (:func:`export_weights`); {} when it records neither."""
+    state = next((s for k, s in ckpt.get("callbacks", {}).items() if k.startswith("ElapsedTime")), None)
+    if state is None:
+        return dict(ckpt.get("cassi", {}).get("elapsed", {}))
+    return {k: float(state[k]) for k in ("cpu_min", "wall_min") if k in state}
+
+
 def export_weights(path, out, half: bool = False) -> Path:
     """Write the weights-only checkpoint of a training checkpoint (``path`` or ``pretrained/<name>``) to
     ``out``, atomically: {"cassi": its model/geometry/wavelengths + "step" (optimizer steps trained) and
@@ -112,9 +121,9 @@ def export_weights(path, out, half: bool = False) -> Path:
                  and isinstance(s, dict) and s.get("monitor") and s.get("best_model_score") is not None), None)
     if best is not None:
         info["monitor"] = {"name": best["monitor"], "best": float(best["best_model_score"])}
-    elapsed = next((s for k, s in ckpt.get("callbacks", {}).items() if k.startswith("ElapsedTime")), None)
+    elapsed = training_time(ckpt)
     if elapsed:
-        info["elapsed"] = {k: float(elapsed[k]) for k in ("cpu_min", "wall_min") if k in elapsed}
+        info["elapsed"] = elapsed
     state = {k: (v.half() if half and v.is_floating_point() else v) for k, v in ckpt["state_dict"].items()
              if k.startswith(PREFIX)}
     out = Path(out)
