@@ -1,5 +1,6 @@
-"""Datasets: synthetic scenes, cube files (crops, augmentation, mosaics, resampling, memory), real measurements."""
+"""Datasets: synthetic scenes, cube files (crops, augmentation, mosaics, relighting, resampling, memory), real measurements."""
 import gc
+import math
 import weakref
 
 import numpy as np
@@ -137,6 +138,31 @@ def test_cube_files_mosaic_quadrants_come_from_the_named_files(tmp_path, size):
             assert find_window(file_cube(paths[stem]), q) is not None
     with pytest.raises(ValueError, match="patch_size"):
         CubeFiles(tmp_path, mosaic=True)
+
+
+def test_cube_files_relight_scales_each_band_by_a_smooth_gain(tmp_path):
+    write_cubes(tmp_path, 2, size=(12, 12))
+    plain = CubeFiles(tmp_path, patch_size=8, samples_per_epoch=16, augment=True)
+    lit = CubeFiles(tmp_path, patch_size=8, samples_per_epoch=16, augment=True, relight=1.0)
+    t = torch.linspace(-1, 1, C, dtype=torch.float64)
+    basis = torch.stack([torch.ones_like(t), t, t ** 2 - 1 / 3], 1)  # log-gain = log a + b·t + c·(t² − 1/3)
+    gains = []
+    for i in range(len(lit)):
+        x, x_lit = plain[i]["x"].double(), lit[i]["x"].double()  # same crop and symmetry, then the light
+        g = x_lit.sum(dim=(1, 2)) / x.sum(dim=(1, 2))
+        assert torch.allclose(x_lit, x * g[:, None, None], rtol=1e-5)  # one gain per band
+        coef = torch.linalg.lstsq(basis, g.log()[:, None]).solution[:, 0]
+        assert torch.allclose(basis @ coef, g.log(), atol=1e-5)  # smooth: exactly that family
+        assert math.log(0.6) - 1e-6 <= coef[0] <= math.log(1.6) + 1e-6 and coef[1:].abs().max() <= 0.5 + 1e-6
+        gains.append(g)
+    assert torch.stack(gains).std(0).min() > 0.05  # the light differs from sample to sample
+    assert torch.equal(lit[3]["x"], lit[3]["x"])  # seeded per (seed, epoch, index)
+    half = CubeFiles(tmp_path, patch_size=8, samples_per_epoch=64, relight=0.5)
+    ref = CubeFiles(tmp_path, patch_size=8, samples_per_epoch=64)
+    changed = sum(not torch.equal(half[i]["x"], ref[i]["x"]) for i in range(64))
+    assert 16 <= changed <= 48
+    with pytest.raises(ValueError, match="relight"):
+        CubeFiles(tmp_path, relight=1.5)
 
 
 def test_cube_smaller_than_patch_names_the_file(tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import logging
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -112,6 +113,15 @@ class SyntheticCubes(Dataset):
         return {"x": x, "name": f"synthetic_{s}"}
 
 
+def relight_gain(bands: int, generator: torch.Generator) -> torch.Tensor:
+    """A random smooth gain per band (C, 1, 1): a·exp(b·t + c·(t² − 1/3)), t ∈ [−1, 1] over the bands,
+    a ~ logU(0.6, 1.6), b, c ~ U(−0.5, 0.5) (another illuminant and exposure)."""
+    a, b, c = torch.rand(3, generator=generator, dtype=torch.float64)
+    t = torch.linspace(-1, 1, bands, dtype=torch.float64)
+    gain = torch.exp(math.log(0.6) + a * math.log(1.6 / 0.6) + (b - 0.5) * t + (c - 0.5) * (t ** 2 - 1 / 3))
+    return gain.float()[:, None, None]
+
+
 class CubeFiles(Dataset):
     """Ground-truth cubes from files (any format ``cassi.io.load_cube`` reads), loaded per sample.
 
@@ -129,6 +139,9 @@ class CubeFiles(Dataset):
         mosaic: probability (True = 1) that a sample is MST's 2×2 splice of four
             quarter-size crops from four random files (needs ``patch_size``); its
             name joins the four stems in the order top-left, top-right, bottom-left, bottom-right.
+        relight: probability that a sample is seen under another light: x·a·exp(b·t + c·(t² − 1/3)) per band,
+            t ∈ [−1, 1] from the first band to the last, brightness a ~ logU(0.6, 1.6), spectral tilt b ~ U(−0.5, 0.5)
+            and curvature c ~ U(−0.5, 0.5) (a smooth illuminant and exposure change: new spectra from the same scenes).
         cache: False/0: no cache; int k: an LRU cache of k cubes; True: all files.
         seed: randomness of sample i in epoch e comes from (seed, e, i).
 
@@ -140,7 +153,8 @@ class CubeFiles(Dataset):
 
     def __init__(self, paths, key: str | None = None, layout: str | None = None, wavelengths=None,
                  source_wavelengths=None, patch_size=None, crop_to=None, samples_per_epoch: int | None = None,
-                 augment: bool = False, mosaic: bool | float = False, cache: bool | int = False, seed: int = 0):
+                 augment: bool = False, mosaic: bool | float = False, relight: float = 0.0,
+                 cache: bool | int = False, seed: int = 0):
         self.files = resolve_paths(paths)
         self.key, self.layout, self.seed, self.augment, self.epoch = key, layout, seed, augment, 0
         self.wavelengths, self.source_wavelengths = _wavelengths(wavelengths), _wavelengths(source_wavelengths)
@@ -152,6 +166,9 @@ class CubeFiles(Dataset):
             raise ValueError(f"mosaic must be a bool or a probability in [0, 1], got {mosaic!r}")
         if self.mosaic and not self.patch_size:
             raise ValueError("mosaic needs patch_size (the mosaic's size)")
+        self.relight = float(relight)
+        if not 0 <= self.relight <= 1:
+            raise ValueError(f"relight must be a probability in [0, 1], got {relight!r}")
         self.cache = len(self.files) if cache is True else int(cache or 0)
         self._cache: OrderedDict[Path, torch.Tensor] = OrderedDict()
         self.length = len(self.files) if samples_per_epoch is None else int(samples_per_epoch)
@@ -221,6 +238,8 @@ class CubeFiles(Dataset):
         else:
             f = index % len(self.files)
             x, name = self._patch(f, self.patch_size, g), self.files[f].stem
+        if self.relight and float(torch.rand((), generator=g)) < self.relight:
+            x = x * relight_gain(x.shape[0], g)
         # a copy, never a view: a view would keep the whole (cached) file cube alive
         return {"x": x.clone(memory_format=torch.contiguous_format), "name": name}
 
