@@ -139,9 +139,8 @@ class CubeFiles(Dataset):
         mosaic: probability (True = 1) that a sample is MST's 2×2 splice of four
             quarter-size crops from four random files (needs ``patch_size``); its
             name joins the four stems in the order top-left, top-right, bottom-left, bottom-right.
-        relight: probability that a sample is seen under another light: x·a·exp(b·t + c·(t² − 1/3)) per band,
-            t ∈ [−1, 1] from the first band to the last, brightness a ~ logU(0.6, 1.6), spectral tilt b ~ U(−0.5, 0.5)
-            and curvature c ~ U(−0.5, 0.5) (a smooth illuminant and exposure change: new spectra from the same scenes).
+        relight: probability that a sample is multiplied by :func:`relight_gain` (a random exposure and smooth
+            illuminant: new spectra from the same scenes).
         cache: False/0: no cache; int k: an LRU cache of k cubes; True: all files.
         seed: randomness of sample i in epoch e comes from (seed, e, i).
 
