@@ -122,6 +122,16 @@ def relight_gain(bands: int, generator: torch.Generator) -> torch.Tensor:
     return gain.float()[:, None, None]
 
 
+def shading_gain(bands: int, height: int, width: int, generator: torch.Generator) -> torch.Tensor:
+    """A random gain that changes smoothly across the crop (C, H, W): exp((d·u + e·v)·(1 + f·t)), u, v ∈ [−1, 1]
+    down and across, t ∈ [−1, 1] over the bands, d, e, f ~ U(−0.5, 0.5) (light falling off across
+    the scene, redder or bluer where it is dimmer)."""
+    d, e, f = torch.rand(3, generator=generator, dtype=torch.float64)
+    u, v, t = (torch.linspace(-1, 1, n, dtype=torch.float64) for n in (height, width, bands))
+    field = (d - 0.5) * u[:, None] + (e - 0.5) * v[None, :]  # (H, W)
+    return torch.exp(field[None] * (1 + (f - 0.5) * t)[:, None, None]).float()
+
+
 class CubeFiles(Dataset):
     """Ground-truth cubes from files (any format ``cassi.io.load_cube`` reads), loaded per sample.
 
@@ -141,6 +151,8 @@ class CubeFiles(Dataset):
             name joins the four stems in the order top-left, top-right, bottom-left, bottom-right.
         relight: probability that a sample is multiplied by :func:`relight_gain` (a random exposure and smooth
             illuminant: new spectra from the same scenes).
+        shade: probability that a sample is multiplied by :func:`shading_gain` (brightness and colour of the
+            light changing across the crop), drawn after ``relight``.
         cache: False/0: no cache; int k: an LRU cache of k cubes; True: all files.
         seed: randomness of sample i in epoch e comes from (seed, e, i).
 
@@ -153,7 +165,7 @@ class CubeFiles(Dataset):
     def __init__(self, paths, key: str | None = None, layout: str | None = None, wavelengths=None,
                  source_wavelengths=None, patch_size=None, crop_to=None, samples_per_epoch: int | None = None,
                  augment: bool = False, mosaic: bool | float = False, relight: float = 0.0,
-                 cache: bool | int = False, seed: int = 0):
+                 shade: float = 0.0, cache: bool | int = False, seed: int = 0):
         self.files = resolve_paths(paths)
         self.key, self.layout, self.seed, self.augment, self.epoch = key, layout, seed, augment, 0
         self.wavelengths, self.source_wavelengths = _wavelengths(wavelengths), _wavelengths(source_wavelengths)
@@ -165,9 +177,10 @@ class CubeFiles(Dataset):
             raise ValueError(f"mosaic must be a bool or a probability in [0, 1], got {mosaic!r}")
         if self.mosaic and not self.patch_size:
             raise ValueError("mosaic needs patch_size (the mosaic's size)")
-        self.relight = float(relight)
-        if not 0 <= self.relight <= 1:
-            raise ValueError(f"relight must be a probability in [0, 1], got {relight!r}")
+        self.relight, self.shade = float(relight), float(shade)
+        for name, p in (("relight", relight), ("shade", shade)):
+            if not 0 <= float(p) <= 1:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
         self.cache = len(self.files) if cache is True else int(cache or 0)
         self._cache: OrderedDict[Path, torch.Tensor] = OrderedDict()
         self.length = len(self.files) if samples_per_epoch is None else int(samples_per_epoch)
@@ -239,6 +252,8 @@ class CubeFiles(Dataset):
             x, name = self._patch(f, self.patch_size, g), self.files[f].stem
         if self.relight and float(torch.rand((), generator=g)) < self.relight:
             x = x * relight_gain(x.shape[0], g)
+        if self.shade and float(torch.rand((), generator=g)) < self.shade:
+            x = x * shading_gain(*x.shape, g)
         # a copy, never a view: a view would keep the whole (cached) file cube alive
         return {"x": x.clone(memory_format=torch.contiguous_format), "name": name}
 
