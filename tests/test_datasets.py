@@ -165,18 +165,17 @@ def test_cube_files_relight_scales_each_band_by_a_smooth_gain(tmp_path):
         CubeFiles(tmp_path, relight=1.5)
 
 
-
 def test_cube_files_shade_multiplies_by_light_changing_smoothly_across_the_crop(tmp_path):
     write_cubes(tmp_path, 2, size=(12, 12))
     plain = CubeFiles(tmp_path, patch_size=8, samples_per_epoch=16, augment=True)
     shaded = CubeFiles(tmp_path, patch_size=8, samples_per_epoch=16, augment=True, shade=1.0)
     t, u = torch.linspace(-1, 1, C, dtype=torch.float64), torch.linspace(-1, 1, 8, dtype=torch.float64)
+    # linear across the crop in every band: a plane d_c·u + e_c·v through the crop's centre
+    basis = torch.stack([u[:, None].expand(8, 8), u[None, :].expand(8, 8)], -1).reshape(64, 2)
     fields = []
     for i in range(len(shaded)):
         x, x_s = plain[i]["x"].double(), shaded[i]["x"].double()  # same crop and symmetry, then the light
         g = (x_s / x).log()  # (C, h, w): (d·u + e·v)·(1 + f·t)
-        # linear across the crop in every band: a plane d_c·u + e_c·v through the crop's centre
-        basis = torch.stack([u[:, None].expand(8, 8), u[None, :].expand(8, 8)], -1).reshape(64, 2)
         coef = torch.linalg.lstsq(basis, g.reshape(C, 64).T).solution  # (2, C)
         assert torch.allclose((basis @ coef).T.reshape(C, 8, 8), g, atol=1e-4)
         # the plane of band c is the plane of the middle band times 1 + f·t_c (colour changes with the light)
@@ -193,6 +192,7 @@ def test_cube_files_shade_multiplies_by_light_changing_smoothly_across_the_crop(
     assert 16 <= changed <= 48
     with pytest.raises(ValueError, match="shade"):
         CubeFiles(tmp_path, shade=-0.1)
+
 
 def test_cube_smaller_than_patch_names_the_file(tmp_path):
     write_cubes(tmp_path, 1)
