@@ -296,6 +296,40 @@ def test_training_step_on_windows_trains_the_last_stage(tmp_path):
     assert module.geometry == {"offsets": [0.0, 1.0, 2.0, 3.0, 4.0], "axis": "w", "bands": 5}
 
 
+@pytest.mark.parametrize("project", [False, True])
+def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project):
+    """Windows that feed stage 1 (a pool of 1 stage) train a 2-stage model end to end: stage 1, its projection
+    onto the window's y = A x (with project), stage 2 on that and what it leaves of y, then the loss."""
+    from cassi.lightning import TrainingModule
+
+    model = tiny(stages=2, solver=PINV)
+    model.project = project
+    for p in model.parameters():  # far from identity: a projection would hide how stage 2's input was made
+        p.data.add_(0.3 * torch.randn_like(p))
+    module = TrainingModule(model, operator=lambda mask: CASSI(mask, bands=5, step=1))
+    ds = pool()
+    items = [ds[i] for i in range(4)]
+    assert {item["stage"] for item in items} == {0}
+    batch = torch.utils.data.default_collate(items)
+    loss = module.training_step(batch, 0)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    op, x, s = CASSI(batch["mask"], bands=5, step=1), batch["x"], batch["scale"]
+    with torch.no_grad():
+        x1 = model.refine(batch["x0"], batch["r"], s, stage=0)
+        r1 = op.pinv(op(x) - op(x1))
+        x2 = model.refine(x1 + r1 if project else x1, r1, s, stage=1)
+        want = x2 + op.pinv(op(x) - op(x2)) if project else x2
+        assert torch.allclose(module.refine_windows(batch), want, atol=1e-5)
+        assert torch.allclose(loss, module.loss(want, x), atol=1e-6)
+        # windows that feed stage 2 (the default without "stage") train stage 2 alone, as before
+        last = dict(batch, stage=torch.ones_like(batch["stage"]))
+        assert torch.allclose(module.training_step(last, 0), module.training_step(
+            {k: v for k, v in last.items() if k != "stage"}, 0))
+        with pytest.raises(ValueError, match="windows feed stage 3 but the model has 2 stage"):
+            module.training_step(dict(batch, stage=torch.full_like(batch["stage"], 2)), 0)
+
+
 def test_projected_refiner_trains_on_its_projected_windows():
     """project=True: the loss sees the stage's output after the window's projection x̃ + A⁺(A x − A x̃)."""
     from cassi.lightning import TrainingModule

@@ -124,10 +124,7 @@ class TrainingModule(ReconstructionModule):
                 raise ValueError(f"training batches of first iterates (x0, r windows) train a cassi.models.Refiner "
                                  f"without stage_weights, not {type(self.reconstructor).__name__}"
                                  f"{' with stage_weights' if self.stage_weights is not None else ''}")
-            out = self.reconstructor.refine(batch["x0"], batch["r"], batch.get("scale"))
-            if getattr(self.reconstructor, "project", False):  # the output is projected onto y: train what survives
-                op = self.operator(mask=batch["mask"])          # (the window as a scene, noiseless: y = A x)
-                out = op.data_step(out, op(x))                  # ρ = 0: the GAP projection, one fused pass
+            out = self.refine_windows(batch)
             loss = self.loss(out, x)
         elif self.stage_weights is None:
             op = self.operator(mask=batch["mask"])
@@ -138,6 +135,32 @@ class TrainingModule(ReconstructionModule):
             loss = sum(w * self.loss(o, x) for w, o in zip(self.stage_weights, outs)) / sum(self.stage_weights)
         self.log("train/loss", loss, prog_bar=True, batch_size=x.shape[0])
         return loss
+
+    def refine_windows(self, batch: dict) -> torch.Tensor:
+        """The Refiner's output (B, C, h, w) on windows of its inputs: stages ``batch["stage"]`` (the stage the
+        windows feed; default the last) to K, end to end, each projected onto the window's own noiseless
+        measurement y = A x when ``project`` (x̃ + A⁺(y − A x̃), what survives the projection is trained) and
+        feeding the next stage (x̃ or its projection, r = A⁺(y − A x̃)); s is the scene's scale of x₀ throughout.
+        Windows from a pool of fewer stages than the model (``data.train.stages=1 model.stages=2``) thus train
+        every later stage together."""
+        rec, x, s = self.reconstructor, batch["x"], batch.get("scale")
+        last = rec.stages - 1
+        first = int(batch["stage"][0]) if "stage" in batch else last
+        if not 0 <= first <= last:
+            raise ValueError(f"windows feed stage {first + 1} but the model has {rec.stages} stage(s): train a "
+                             f"model of at least {first + 1} stages on them (model.stages)")
+        project = getattr(rec, "project", False)
+        op = self.operator(mask=batch["mask"]) if project or first < last else None
+        y = op(x) if op is not None else None           # the window as a scene, noiseless
+        est, r = batch["x0"], batch["r"]
+        for k in range(first, last + 1):
+            out = rec.refine(est, r, s, stage=k)
+            if k < last:
+                r = op.pinv(y - op(out))
+                est = out + r if project else out
+            elif project:                                # ρ = 0: the GAP projection, one fused pass
+                out = op.data_step(out, y)
+        return out
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         x, _ = self.reconstruct(batch)

@@ -169,13 +169,15 @@ class FirstIterates(Dataset):
             epoch e comes from (seed, e, i).
         cache: a file keeping the computed scenes (x, x₀, r in float16) so that a resumed or repeated run skips the
             solver; used only when it was made from the same scenes, solver and simulator, else rebuilt.
-        stages, init: the windows train the last stage of a Refiner of ``stages`` stages; for stages > 1 the
+        stages, init: the windows feed stage ``stages`` of a Refiner (a model of more stages trains it and every
+            later one end to end: ``data.train.stages=1 model.stages=2``); for stages > 1 the
             stages before it come from ``init``, a trained Refiner checkpoint (``init_weights``) with at least
             stages − 1 stages: x₀, r become its (stages − 1)-th estimate and what that leaves of y.
         project: the trained Refiner's ``project`` (the earlier stages' outputs are projected alike).
 
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "mask": (1|C, h, w) the
-    scene's mask there, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name"}. They flip together,
+    scene's mask there, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name", "stage": ``stages`` − 1,
+    the stage they feed (0-based): a model of more stages trains that one and every later one end to end}. They flip together,
     across the dispersion axis only (a flip along it would show errors of the opposite dispersion direction).
     Under DDP one process per node computes the scenes (``CASSIDataModule.prepare_data``) and the other ranks
     load them from ``cache``.
@@ -343,4 +345,4 @@ class FirstIterates(Dataset):
         for k in ("x", "x0", "r", "mask"):
             v = s[k][j, :, top:top + h, left:left + w].float()
             out[k] = v.flip(flips).contiguous() if flips else v.contiguous()
-        return out | {"scale": s["scale"][j].float(), "name": s["names"][j]}
+        return out | {"scale": s["scale"][j].float(), "name": s["names"][j], "stage": self.stages - 1}
