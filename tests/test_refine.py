@@ -296,14 +296,15 @@ def test_training_step_on_windows_trains_the_last_stage(tmp_path):
     assert module.geometry == {"offsets": [0.0, 1.0, 2.0, 3.0, 4.0], "axis": "w", "bands": 5}
 
 
-@pytest.mark.parametrize("project", [False, True])
-def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project):
-    """Windows that feed stage 1 (a pool of 1 stage) train a 2-stage model end to end: stage 1, its projection
-    onto the window's y = A x (with project), stage 2 on that and what it leaves of y, then the loss."""
+@pytest.mark.parametrize("project, ensemble", [(False, False), (True, False), (True, True)])
+def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ensemble):
+    """Windows that feed stage 1 (a pool of 1 stage) train a 2-stage model end to end: stage 1 (with its mirror
+    ensemble when the model has one there, as at inference), its projection onto the window's y = A x (with
+    project), stage 2 on that and what it leaves of y, then the loss."""
     from cassi.lightning import TrainingModule
 
     model = tiny(stages=2, solver=PINV)
-    model.project = project
+    model.project, model.flip_ensemble = project, [0] if ensemble else False
     for p in model.parameters():  # far from identity: a projection would hide how stage 2's input was made
         p.data.add_(0.3 * torch.randn_like(p))
     module = TrainingModule(model, operator=lambda mask: CASSI(mask, bands=5, step=1))
@@ -316,7 +317,10 @@ def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
     op, x, s = CASSI(batch["mask"], bands=5, step=1), batch["x"], batch["scale"]
     with torch.no_grad():
-        x1 = model.refine(batch["x0"], batch["r"], s, stage=0)
+        x0, r0 = batch["x0"], batch["r"]
+        x1 = model.refine(x0, r0, s, stage=0)
+        if ensemble:  # the mean with the correction of the windows mirrored across the dispersion (along h)
+            x1 = 0.5 * (x1 + model.refine(x0.flip(-2), r0.flip(-2), s, stage=0).flip(-2))
         r1 = op.pinv(op(x) - op(x1))
         x2 = model.refine(x1 + r1 if project else x1, r1, s, stage=1)
         want = x2 + op.pinv(op(x) - op(x2)) if project else x2

@@ -142,7 +142,8 @@ class TrainingModule(ReconstructionModule):
         measurement y = A x when ``project`` (x̃ + A⁺(y − A x̃), what survives the projection is trained) and
         feeding the next stage (x̃ or its projection, r = A⁺(y − A x̃)); s is the scene's scale of x₀ throughout.
         Windows from a pool of fewer stages than the model (``data.train.stages=1 model.stages=2``) thus train
-        every later stage together."""
+        every later stage together; the stages before the last correct as at inference (with their
+        ``flip_ensemble``), the last one plainly."""
         rec, x, s = self.reconstructor, batch["x"], batch.get("scale")
         last = rec.stages - 1
         first = int(batch["stage"][0]) if "stage" in batch else last
@@ -154,7 +155,7 @@ class TrainingModule(ReconstructionModule):
         y = op(x) if op is not None else None           # the window as a scene, noiseless
         est, r = batch["x0"], batch["r"]
         for k in range(first, last + 1):
-            out = rec.refine(est, r, s, stage=k)
+            out = rec.correct(est, r, k, op.axis, s) if k < last else rec.refine(est, r, s, stage=k)
             if k < last:
                 r = op.pinv(y - op(out))
                 est = out + r if project else out

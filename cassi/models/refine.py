@@ -128,6 +128,17 @@ class Refiner(Unrolled):
             out = net(inp)
         return out.contiguous().to(x.dtype) * s
 
+    def correct(self, x: torch.Tensor, r: torch.Tensor, stage: int, axis: str = "w",
+                scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Stage ``stage``'s correction (B, C, H, W): :meth:`refine`, or with ``flip_ensemble`` on this stage the
+        mean over x and x mirrored across the dispersion ``axis`` (one batch of 2B, the same s)."""
+        if not (self.flip_ensemble is True or (not isinstance(self.flip_ensemble, bool) and stage in self.flip_ensemble)):
+            return self.refine(x, r, scale, stage=stage)
+        b, dim = x.shape[0], -1 if axis == "h" else -2
+        s = (_scale(x) if scale is None else scale.to(x.dtype)).repeat(2, 1, 1, 1)
+        both = self.refine(torch.cat([x, x.flip(dim)]), torch.cat([r, r.flip(dim)]), s, stage=stage)
+        return 0.5 * (both[:b] + both[b:].flip(dim))
+
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
         """x_K (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` [x₀, …, x_K]. ``gt`` is ignored."""
         self.check(op)
@@ -141,14 +152,7 @@ class Refiner(Unrolled):
     def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int, residual: bool = True):
         """Stage ``stage``: x̃ = refine(x, r) and what it leaves of y, r' = A⁺(y − A x̃) (None unless
         ``residual``); returns (x̃ + r' with ``project``, else x̃; r'), both (B, C, H, W)."""
-        if self.flip_ensemble is True or (not isinstance(self.flip_ensemble, bool) and stage in self.flip_ensemble):
-            # the mean over x and x mirrored across the dispersion, as one batch of 2B (the same s)
-            b, dim = x.shape[0], -1 if op.axis == "h" else -2
-            both = self.refine(torch.cat([x, x.flip(dim)]), torch.cat([r, r.flip(dim)]),
-                               _scale(x).repeat(2, 1, 1, 1), stage=stage)
-            x = 0.5 * (both[:b] + both[b:].flip(dim))
-        else:
-            x = self.refine(x, r, stage=stage)
+        x = self.correct(x, r, stage, op.axis)
         if not (residual or self.project):
             return x, None
         r = op.pinv(y - op(x))
