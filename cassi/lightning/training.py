@@ -154,14 +154,12 @@ class TrainingModule(ReconstructionModule):
         op = self.operator(mask=batch["mask"]) if project or first < last else None
         y = op(x) if op is not None else None           # the window as a scene, noiseless
         est, r = batch["x0"], batch["r"]
-        for k in range(first, last + 1):
-            out = rec.correct(est, r, k, op.axis, s) if k < last else rec.refine(est, r, s, stage=k)
-            if k < last:
-                r = op.pinv(y - op(out))
-                est = out + r if project else out
-            elif project:                                # ρ = 0: the GAP projection, one fused pass
-                out = op.data_step(out, y)
-        return out
+        for k in range(first, last):
+            out = rec.correct(est, r, k, op.axis, s)
+            r = op.pinv(y - op(out))
+            est = out + r if project else out
+        out = rec.refine(est, r, s, stage=last)
+        return op.data_step(out, y) if project else out  # ρ = 0: the GAP projection, one fused pass
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         x, _ = self.reconstruct(batch)

@@ -132,7 +132,8 @@ class Refiner(Unrolled):
                 scale: torch.Tensor | None = None) -> torch.Tensor:
         """Stage ``stage``'s correction (B, C, H, W): :meth:`refine`, or with ``flip_ensemble`` on this stage the
         mean over x and x mirrored across the dispersion ``axis`` (one batch of 2B, the same s)."""
-        if not (self.flip_ensemble is True or (not isinstance(self.flip_ensemble, bool) and stage in self.flip_ensemble)):
+        ensemble = self.flip_ensemble
+        if not (ensemble is True or (not isinstance(ensemble, bool) and stage in ensemble)):
             return self.refine(x, r, scale, stage=stage)
         b, dim = x.shape[0], -1 if axis == "h" else -2
         s = (_scale(x) if scale is None else scale.to(x.dtype)).repeat(2, 1, 1, 1)
@@ -181,8 +182,8 @@ class FirstIterates(Dataset):
 
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "mask": (1|C, h, w) the
     scene's mask there, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name", "stage": ``stages`` − 1,
-    the stage they feed (0-based): a model of more stages trains that one and every later one end to end}. They flip together,
-    across the dispersion axis only (a flip along it would show errors of the opposite dispersion direction).
+    the stage they feed (0-based): a model of more stages trains that one and every later one end to end}. They
+    flip together, across the dispersion axis only (a flip along it would show errors of the opposite dispersion direction).
     Under DDP one process per node computes the scenes (``CASSIDataModule.prepare_data``) and the other ranks
     load them from ``cache``.
     """
