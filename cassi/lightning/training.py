@@ -155,9 +155,7 @@ class TrainingModule(ReconstructionModule):
         y = op(x) if op is not None else None           # the window as a scene, noiseless
         est, r = batch["x0"], batch["r"]
         for k in range(first, last):
-            out = rec.correct(est, r, k, op.axis, s)
-            r = op.pinv(y - op(out))
-            est = out + r if project else out
+            est, r = rec.step(op, y, est, r, k, scale=s)
         out = rec.refine(est, r, s, stage=last)
         return op.data_step(out, y) if project else out  # ρ = 0: the GAP projection, one fused pass
 

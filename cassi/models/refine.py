@@ -150,10 +150,12 @@ class Refiner(Unrolled):
             outs.append(x)
         return outs if return_stages else outs[-1]
 
-    def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int, residual: bool = True):
-        """Stage ``stage``: x̃ = refine(x, r) and what it leaves of y, r' = A⁺(y − A x̃) (None unless
-        ``residual``); returns (x̃ + r' with ``project``, else x̃; r'), both (B, C, H, W)."""
-        x = self.correct(x, r, stage, op.axis)
+    def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int, residual: bool = True,
+             scale: torch.Tensor | None = None):
+        """Stage ``stage``: x̃ = correct(x, r) and what it leaves of y, r' = A⁺(y − A x̃) (None unless
+        ``residual``); returns (x̃ + r' with ``project``, else x̃; r'), both (B, C, H, W). ``scale``: s (B, 1, 1, 1)
+        when x is a window of a larger scene (default mean(x)/0.5)."""
+        x = self.correct(x, r, stage, op.axis, scale)
         if not (residual or self.project):
             return x, None
         r = op.pinv(y - op(x))
@@ -183,7 +185,8 @@ class FirstIterates(Dataset):
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "mask": (1|C, h, w) the
     scene's mask there, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name", "stage": ``stages`` − 1,
     the stage they feed (0-based): a model of more stages trains that one and every later one end to end}. They
-    flip together, across the dispersion axis only (a flip along it would show errors of the opposite dispersion direction).
+    flip together, across the dispersion axis only (a flip along it would show errors of the opposite dispersion
+    direction).
     Under DDP one process per node computes the scenes (``CASSIDataModule.prepare_data``) and the other ranks
     load them from ``cache``.
     """
