@@ -283,3 +283,66 @@ def test_measurement_files_entries_masks_and_ground_truth(tmp_path):
         MeasurementFiles(tmp_path / "meas", mask=mask, gt=tmp_path / "gt", bands=4)
     with pytest.raises(ValueError, match="mask"):
         MeasurementFiles(tmp_path / "meas", bands=4)
+
+
+def test_cube_files_spectral_shift_moves_every_band_centre_by_one_clipped_offset(tmp_path):
+    # x[c, h, w] = 1000·(12h + w) + 2·λ_c: linear in λ, so resampling at λ + δ gives exactly the window + 2(λ + δ)
+    a = 1000.0 * np.arange(144, dtype=np.float64).reshape(12, 12)
+    cave = np.asarray(io.CAVE_WAVELENGTHS, dtype=np.float64)
+    io.save_cube(tmp_path / "lin.npy", (a[None] + 2 * cave[:, None, None]).astype(np.float32), layout="chw")
+
+    def shifts(ds):
+        out = []
+        for i in range(len(ds)):
+            v = ds[i]["x"].double() - 2 * torch.tensor(ds.wavelengths, dtype=torch.float64)[:, None, None]
+            assert torch.allclose(v, v[:1].expand_as(v), atol=0.05)  # one offset for every band
+            d = float(v[0, 0, 0]) - 1000 * round(float(v[0, 0, 0]) / 1000)
+            assert find_window(torch.from_numpy(a)[None].round(), (v[:1] - d).round()) is not None  # a window
+            out.append(d / 2)
+        return torch.tensor(out)
+
+    kw = dict(source_wavelengths="cave", patch_size=8, samples_per_epoch=48)
+    d = shifts(CubeFiles(tmp_path, wavelengths=[450, 500, 550, 600], spectral_shift=30, **kw))
+    assert d.abs().max() <= 30 + 0.05 and d.std() > 8  # U(−30, 30), drawn per sample
+    assert shifts(CubeFiles(tmp_path, wavelengths=[450, 500, 550, 600], **kw)).abs().max() < 0.05  # default: none
+    # the source's range clips the offset: 400 − 420 = −20 … 700 − 690 = +10
+    d = shifts(CubeFiles(tmp_path, wavelengths=[420, 500, 600, 690], spectral_shift=50, **kw))
+    assert d.min() > -20 - 0.05 and d.max() < 10 + 0.05
+    assert (d - -20).abs().min() < 0.05 and (d - 10).abs().min() < 0.05
+    ds = CubeFiles(tmp_path, wavelengths=[450, 500, 550, 600], spectral_shift=30, **kw)
+    assert torch.equal(ds[5]["x"], ds[5]["x"])  # seeded per (seed, epoch, index)
+    mosaic = CubeFiles(tmp_path, wavelengths=[450, 500, 550, 600], spectral_shift=30, mosaic=1.0, **kw)
+    for i in range(8):  # the four quarters of a mosaic share the sample's offset
+        v = mosaic[i]["x"].double() - 2 * torch.tensor(mosaic.wavelengths, dtype=torch.float64)[:, None, None]
+        d = float(v[0, 0, 0]) - 1000 * round(float(v[0, 0, 0]) / 1000)
+        assert torch.allclose((v - d) / 1000, ((v - d) / 1000).round(), atol=1e-4)
+    assert torch.allclose(ds.cube(0).double(), torch.from_numpy(a)[None] + 2 * torch.tensor([450., 500, 550, 600])[:, None, None])
+    with pytest.raises(ValueError, match="spectral_shift needs wavelengths"):
+        CubeFiles(tmp_path, spectral_shift=10)
+    with pytest.raises(ValueError, match="spectral_shift"):
+        CubeFiles(tmp_path, wavelengths="tsa", source_wavelengths="cave", spectral_shift=-1)
+    with pytest.raises(DataFileError, match="lin.npy"):  # a target outside the file's range: named at load
+        CubeFiles(tmp_path, wavelengths=[380, 500], spectral_shift=10, **kw)[0]
+
+
+def test_cube_files_crop_grid_gives_fixed_windows_from_edge_to_edge(tmp_path):
+    paths = write_cubes(tmp_path, 2, size=(12, 14))
+    for n, tops, lefts in ((2, [0, 4], [0, 6]), (3, [0, 2, 4], [0, 3, 6])):
+        ds = CubeFiles(tmp_path, crop_to=8, crop_grid=n)
+        assert len(ds) == 2 * n * n
+        for i in range(len(ds)):
+            f, k = divmod(i, n * n)
+            top, left = tops[k // n], lefts[k % n]
+            cube = file_cube(paths[f])
+            assert torch.equal(ds[i]["x"], cube[:, top:top + 8, left:left + 8])
+            assert ds[i]["name"] == f"c{f:02d}_y{top}x{left}"
+    assert len({s["name"] for s in CubeFiles(tmp_path, crop_to=8, crop_grid=2)}) == 8  # distinct names
+    one = CubeFiles(tmp_path, crop_to=8)  # the default: each file's centre
+    assert len(one) == 2 and torch.equal(one[1]["x"], file_cube(paths[1])[:, 2:10, 3:11])
+    for bad in (0, 2.5):
+        with pytest.raises(ValueError, match="crop_grid must be an integer"):
+            CubeFiles(tmp_path, crop_to=8, crop_grid=bad)
+    with pytest.raises(ValueError, match="crop_grid needs crop_to"):
+        CubeFiles(tmp_path, crop_grid=2)
+    with pytest.raises(ValueError, match="crop_grid needs crop_to"):
+        CubeFiles(tmp_path, crop_to=8, crop_grid=2, samples_per_epoch=4)

@@ -143,6 +143,9 @@ class CubeFiles(Dataset):
             file's own stored wavelengths, e.g. CAVE 31 bands -> TSA 28.
         patch_size: int or (h, w): a random crop per sample; None: whole cubes,
             center-cropped to ``crop_to`` when given.
+        crop_grid: n > 1: every file gives n × n ``crop_to`` windows instead of its centre, their corners
+            evenly spread from edge to edge (n = 2 on a cube twice the size: its four quadrants), named
+            ``<stem>_y<top>x<left>``: fixed evaluation windows that cover whole scenes.
         samples_per_epoch: dataset length (default: one sample per file); sample i
             comes from file i mod n_files.
         augment: a random rotation by k·90° (k even for non-square patches) and flip.
@@ -153,6 +156,9 @@ class CubeFiles(Dataset):
             illuminant: new spectra from the same scenes).
         shade: probability that a sample is multiplied by :func:`shading_gain` (brightness and colour of the
             light changing across the crop), drawn after ``relight``.
+        spectral_shift: s nm: every sample is resampled at ``wavelengths`` + δ, δ ~ U(−s, s) drawn per sample
+            (clipped to the file's wavelength range): the same scenes' spectra moved along the wavelength
+            axis, new spectra of the same smoothness (needs ``wavelengths``; 0: none).
         cache: False/0: no cache; int k: an LRU cache of k cubes; True: all files.
         seed: randomness of sample i in epoch e comes from (seed, e, i).
 
@@ -163,15 +169,21 @@ class CubeFiles(Dataset):
     """
 
     def __init__(self, paths, key: str | None = None, layout: str | None = None, wavelengths=None,
-                 source_wavelengths=None, patch_size=None, crop_to=None, samples_per_epoch: int | None = None,
+                 source_wavelengths=None, patch_size=None, crop_to=None, crop_grid: int = 1,
+                 samples_per_epoch: int | None = None,
                  augment: bool = False, mosaic: bool | float = False, relight: float = 0.0,
-                 shade: float = 0.0, cache: bool | int = False, seed: int = 0):
+                 shade: float = 0.0, spectral_shift: float = 0.0, cache: bool | int = False, seed: int = 0):
         self.files = resolve_paths(paths)
         self.key, self.layout, self.seed, self.augment, self.epoch = key, layout, seed, augment, 0
         self.wavelengths, self.source_wavelengths = _wavelengths(wavelengths), _wavelengths(source_wavelengths)
         self.patch_size, self.crop_to = _optional_size(patch_size), _optional_size(crop_to)
         if self.patch_size and self.crop_to:
             raise ValueError("give patch_size= (random crops) or crop_to= (center crop), not both")
+        self.crop_grid = int(crop_grid)
+        if self.crop_grid < 1 or self.crop_grid != crop_grid:
+            raise ValueError(f"crop_grid must be an integer >= 1 (windows per side), got {crop_grid!r}")
+        if self.crop_grid > 1 and (not self.crop_to or samples_per_epoch is not None):
+            raise ValueError("crop_grid needs crop_to (the window size) and no samples_per_epoch (a sample per window)")
         self.mosaic = float(mosaic)
         if not 0 <= self.mosaic <= 1:
             raise ValueError(f"mosaic must be a bool or a probability in [0, 1], got {mosaic!r}")
@@ -181,9 +193,14 @@ class CubeFiles(Dataset):
         for name, p in (("relight", relight), ("shade", shade)):
             if not 0 <= float(p) <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
+        self.spectral_shift = float(spectral_shift)
+        if not self.spectral_shift >= 0:
+            raise ValueError(f"spectral_shift must be >= 0 nm, got {spectral_shift!r}")
+        if self.spectral_shift and self.wavelengths is None:
+            raise ValueError("spectral_shift needs wavelengths= (the band centres it moves)")
         self.cache = len(self.files) if cache is True else int(cache or 0)
-        self._cache: OrderedDict[Path, torch.Tensor] = OrderedDict()
-        self.length = len(self.files) if samples_per_epoch is None else int(samples_per_epoch)
+        self._cache: OrderedDict[Path, tuple] = OrderedDict()
+        self.length = len(self.files) * self.crop_grid ** 2 if samples_per_epoch is None else int(samples_per_epoch)
         if self.length < 1:
             raise ValueError(f"samples_per_epoch must be >= 1, got {samples_per_epoch!r}")
 
@@ -196,33 +213,41 @@ class CubeFiles(Dataset):
 
     def cube(self, i: int) -> torch.Tensor:
         """(C, H, W) cube of file i: from the LRU cache or loaded, resampled and size-checked."""
+        data, src = self._source(i)
+        return data if src is None else io.resample_bands(data, src, self.wavelengths)
+
+    def _source(self, i: int) -> tuple[torch.Tensor, list[float] | None]:
+        """File i's cube, cached: resampled to ``wavelengths`` (src None) or, with ``spectral_shift``, as stored
+        with its wavelengths src (resampled per sample)."""
         path = self.files[i]
         if path in self._cache:
             self._cache.move_to_end(path)
             return self._cache[path]
         cube = io.load_cube(path, key=self.key, layout=self.layout)
-        data = cube.data
+        data, src = cube.data, None
         if self.wavelengths is not None:
             src = self.source_wavelengths or cube.wavelengths
             if src is None:
                 raise DataFileError(path, "stores no wavelengths: pass source_wavelengths= to resample it")
-            try:
-                data = io.resample_bands(data, src, self.wavelengths)
+            try:  # with spectral_shift, resampling one pixel checks the file's range now
+                resampled = io.resample_bands(data[..., :1, :1] if self.spectral_shift else data, src, self.wavelengths)
             except ValueError as err:
                 raise DataFileError(path, str(err)) from None
+            data, src = (data, list(src)) if self.spectral_shift else (resampled, None)
         need = self.patch_size or self.crop_to
         if need and (data.shape[-2] < need[0] or data.shape[-1] < need[1]):
             raise DataFileError(path, f"cube of size {data.shape[-2]}×{data.shape[-1]} is smaller than the "
                                       f"{'patch_size' if self.patch_size else 'crop_to'} {need[0]}×{need[1]}")
         if self.cache:
-            self._cache[path] = data
+            self._cache[path] = (data, src)
             if len(self._cache) > self.cache:
                 self._cache.popitem(last=False)
-        return data
+        return data, src
 
-    def _patch(self, i: int, size: tuple[int, int] | None, g: torch.Generator) -> torch.Tensor:
-        """A random (C, h, w) window of file i (or the whole / center-cropped cube), augmented."""
-        x = self.cube(i)
+    def _patch(self, i: int, size: tuple[int, int] | None, g: torch.Generator, shift: float = 0.0) -> torch.Tensor:
+        """A random (C, h, w) window of file i (or the whole / center-cropped cube), augmented, its band centres
+        moved by ``shift`` nm (clipped to the file's range)."""
+        x, src = self._source(i)
         if size is None:
             x = center_crop(x, self.crop_to) if self.crop_to else x
         else:
@@ -234,22 +259,35 @@ class CubeFiles(Dataset):
             k = int(torch.randint(4, (), generator=g)) if square else 2 * int(torch.randint(2, (), generator=g))
             x = torch.rot90(x, k, (-2, -1))  # with one flip: uniform over the 8 (or 4 off-square) symmetries
             x = x.flip(-1) if int(torch.randint(2, (), generator=g)) else x
+        if src is not None:
+            shift = min(max(shift, src[0] - self.wavelengths[0]), src[-1] - self.wavelengths[-1])
+            x = io.resample_bands(x, src, [w + shift for w in self.wavelengths])
         return x
+
+    def _window(self, f: int, k: int) -> dict:
+        """Window k (row-major) of the crop_grid × crop_grid windows of file f."""
+        x, (h, w), n = self.cube(f), self.crop_to, self.crop_grid
+        top, left = ((x.shape[d] - s) * j // (n - 1) for d, s, j in ((-2, h, k // n), (-1, w, k % n)))
+        return {"x": x[:, top:top + h, left:left + w].clone(memory_format=torch.contiguous_format),
+                "name": f"{self.files[f].stem}_y{top}x{left}"}
 
     def __getitem__(self, index: int) -> dict:
         if not 0 <= index < self.length:
             raise IndexError(f"index {index} out of range for {self.length} samples")
+        if self.crop_grid > 1:
+            return self._window(*divmod(index, self.crop_grid ** 2))
         g = torch.Generator().manual_seed(stable_seed(self.seed, self.epoch, index))
+        shift = self.spectral_shift * (2 * float(torch.rand((), generator=g)) - 1) if self.spectral_shift else 0.0
         if self.mosaic and float(torch.rand((), generator=g)) < self.mosaic:
             (h, w), n = self.patch_size, len(self.files)
             files = torch.randint(n, (4,), generator=g).tolist()
             sizes = [(a, b) for a in (h // 2, h - h // 2) for b in (w // 2, w - w // 2)]
-            q = [self._patch(f, s, g) for f, s in zip(files, sizes)]
+            q = [self._patch(f, s, g, shift) for f, s in zip(files, sizes)]
             x = torch.cat([torch.cat(q[:2], -1), torch.cat(q[2:], -1)], -2)
             name = "+".join(self.files[f].stem for f in files)
         else:
             f = index % len(self.files)
-            x, name = self._patch(f, self.patch_size, g), self.files[f].stem
+            x, name = self._patch(f, self.patch_size, g, shift), self.files[f].stem
         if self.relight and float(torch.rand((), generator=g)) < self.relight:
             x = x * relight_gain(x.shape[0], g)
         if self.shade and float(torch.rand((), generator=g)) < self.shade:
