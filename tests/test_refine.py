@@ -171,9 +171,23 @@ def test_cache_spares_the_solver_and_is_rebuilt_when_it_does_not_fit(tmp_path, m
     assert Counting.calls == 12
     pool(tmp_path, n=2, seed=1, size=20).prepare()
     assert Counting.calls == 12
+
+    class Later(SyntheticCubes):  # the scenes' dataset after an option was added to it
+        def __init__(self, *args, tint: float = 0.0, **kw):
+            super().__init__(*args, **kw)
+            self.tint = tint
+
+    def later(tint):
+        return FirstIterates(Later(2, 20, 20, bands=5, seed=3, tint=tint), Simulator(BernoulliMasks(0.5), bands=5,
+                             step=1, backend="strided"), PINV, patch_size=8, samples_per_epoch=10, seed=1,
+                             cache=tmp_path / "fi.pt")
+    later(0.0).prepare()   # the new option at its default: the cache made before it still fits
+    assert Counting.calls == 12
+    later(0.5).prepare()   # set: other scenes, recomputed
+    assert Counting.calls == 14
     (tmp_path / "fi.pt").write_bytes(b"truncated")
     pool(tmp_path, n=2).prepare()
-    assert Counting.calls == 14
+    assert Counting.calls == 16
 
 
 def test_bad_arguments():

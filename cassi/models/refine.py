@@ -11,6 +11,7 @@ precomputed (x, x₀, r) — no operator and no solver in the training loop (:cl
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import os
 import time
@@ -217,11 +218,17 @@ class FirstIterates(Dataset):
     # ------------------------------------------------------------------ the scenes
     def _key(self) -> dict:
         """What the cached scenes depend on: the solver, the simulator (geometry, noise, the mask source's
-        settings and mask), the scenes' dataset settings and this dataset's seed (masks and noise)."""
+        settings and mask), the scenes' dataset settings and this dataset's seed (masks and noise). A setting at
+        its constructor's default is left out, so that an option added later keeps the caches made before it."""
         def settings(obj) -> dict:
             plain = (int, float, str, bool, type(None))
+            default = {}  # constructor defaults, a subclass's over its bases'
+            for cls in reversed(type(obj).__mro__):
+                if "__init__" in vars(cls) and cls is not object:
+                    default.update((k, p.default) for k, p in inspect.signature(cls.__init__).parameters.items())
             return {k: (str(v) if not isinstance(v, plain) else v) for k, v in sorted(vars(obj).items())
-                    if not k.startswith("_") and k not in ("epoch", "cache") and not isinstance(v, torch.Tensor)}
+                    if not k.startswith("_") and k not in ("epoch", "cache") and not isinstance(v, torch.Tensor)
+                    and not (isinstance(v, plain) and k in default and default[k] == v)}
 
         masks = getattr(self.simulator, "masks", None)
         mask = getattr(masks, "mask", None)
