@@ -286,7 +286,7 @@ def test_measurement_files_entries_masks_and_ground_truth(tmp_path):
 
 
 def test_cube_files_spectral_shift_moves_every_band_centre_by_one_clipped_offset(tmp_path):
-    # x[c, h, w] = 1000·(12h + w) + 2·λ_c: linear in λ, so resampling at λ + δ gives exactly the window + 2(λ + δ)
+    # x[c, h, w] = 1000·(12h + w) + 2·λ_c: linear in λ, so resampling at λ + δ gives the window + 2(λ + δ)
     a = 1000.0 * np.arange(144, dtype=np.float64).reshape(12, 12)
     cave = np.asarray(io.CAVE_WAVELENGTHS, dtype=np.float64)
     io.save_cube(tmp_path / "lin.npy", (a[None] + 2 * cave[:, None, None]).astype(np.float32), layout="chw")
@@ -316,7 +316,8 @@ def test_cube_files_spectral_shift_moves_every_band_centre_by_one_clipped_offset
         v = mosaic[i]["x"].double() - 2 * torch.tensor(mosaic.wavelengths, dtype=torch.float64)[:, None, None]
         d = float(v[0, 0, 0]) - 1000 * round(float(v[0, 0, 0]) / 1000)
         assert torch.allclose((v - d) / 1000, ((v - d) / 1000).round(), atol=1e-4)
-    assert torch.allclose(ds.cube(0).double(), torch.from_numpy(a)[None] + 2 * torch.tensor([450., 500, 550, 600])[:, None, None])
+    unshifted = torch.from_numpy(a)[None] + 2 * torch.tensor([450., 500, 550, 600])[:, None, None]
+    assert torch.allclose(ds.cube(0).double(), unshifted)  # cube(): the file at the wavelengths themselves
     with pytest.raises(ValueError, match="spectral_shift needs wavelengths"):
         CubeFiles(tmp_path, spectral_shift=10)
     with pytest.raises(ValueError, match="spectral_shift"):
