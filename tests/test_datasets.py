@@ -347,3 +347,7 @@ def test_cube_files_crop_grid_gives_fixed_windows_from_edge_to_edge(tmp_path):
         CubeFiles(tmp_path, crop_grid=2)
     with pytest.raises(ValueError, match="crop_grid needs crop_to"):
         CubeFiles(tmp_path, crop_to=8, crop_grid=2, samples_per_epoch=4)
+    with pytest.raises(ValueError, match="fixed evaluation windows"):
+        CubeFiles(tmp_path, crop_to=8, crop_grid=2, augment=True)
+    with pytest.raises(DataFileError, match="c00.npy.*too small for crop_grid=2"):  # windows would repeat
+        CubeFiles(tmp_path, crop_to=12, crop_grid=2)[0]

@@ -169,10 +169,10 @@ class CubeFiles(Dataset):
     """
 
     def __init__(self, paths, key: str | None = None, layout: str | None = None, wavelengths=None,
-                 source_wavelengths=None, patch_size=None, crop_to=None, crop_grid: int = 1,
-                 samples_per_epoch: int | None = None,
+                 source_wavelengths=None, patch_size=None, crop_to=None, samples_per_epoch: int | None = None,
                  augment: bool = False, mosaic: bool | float = False, relight: float = 0.0,
-                 shade: float = 0.0, spectral_shift: float = 0.0, cache: bool | int = False, seed: int = 0):
+                 shade: float = 0.0, cache: bool | int = False, seed: int = 0, crop_grid: int = 1,
+                 spectral_shift: float = 0.0):
         self.files = resolve_paths(paths)
         self.key, self.layout, self.seed, self.augment, self.epoch = key, layout, seed, augment, 0
         self.wavelengths, self.source_wavelengths = _wavelengths(wavelengths), _wavelengths(source_wavelengths)
@@ -198,6 +198,8 @@ class CubeFiles(Dataset):
             raise ValueError(f"spectral_shift must be >= 0 nm, got {spectral_shift!r}")
         if self.spectral_shift and self.wavelengths is None:
             raise ValueError("spectral_shift needs wavelengths= (the band centres it moves)")
+        if self.crop_grid > 1 and (augment or self.relight or self.shade or self.spectral_shift):
+            raise ValueError("crop_grid gives fixed evaluation windows: drop augment, relight, shade and spectral_shift")
         self.cache = len(self.files) if cache is True else int(cache or 0)
         self._cache: OrderedDict[Path, tuple] = OrderedDict()
         self.length = len(self.files) * self.crop_grid ** 2 if samples_per_epoch is None else int(samples_per_epoch)
@@ -260,13 +262,16 @@ class CubeFiles(Dataset):
             x = torch.rot90(x, k, (-2, -1))  # with one flip: uniform over the 8 (or 4 off-square) symmetries
             x = x.flip(-1) if int(torch.randint(2, (), generator=g)) else x
         if src is not None:
-            shift = min(max(shift, src[0] - self.wavelengths[0]), src[-1] - self.wavelengths[-1])
+            shift = min(max(shift, src[0] - min(self.wavelengths)), src[-1] - max(self.wavelengths))
             x = io.resample_bands(x, src, [w + shift for w in self.wavelengths])
         return x
 
     def _window(self, f: int, k: int) -> dict:
         """Window k (row-major) of the crop_grid × crop_grid windows of file f."""
         x, (h, w), n = self.cube(f), self.crop_to, self.crop_grid
+        if min(x.shape[-2] - h, x.shape[-1] - w) < n - 1:
+            raise DataFileError(self.files[f], f"cube of size {x.shape[-2]}×{x.shape[-1]} is too small for "
+                                               f"crop_grid={n} distinct {h}×{w} windows per side")
         top, left = ((x.shape[d] - s) * j // (n - 1) for d, s, j in ((-2, h, k // n), (-1, w, k % n)))
         return {"x": x[:, top:top + h, left:left + w].clone(memory_format=torch.contiguous_format),
                 "name": f"{self.files[f].stem}_y{top}x{left}"}

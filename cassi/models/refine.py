@@ -218,17 +218,11 @@ class FirstIterates(Dataset):
     # ------------------------------------------------------------------ the scenes
     def _key(self) -> dict:
         """What the cached scenes depend on: the solver, the simulator (geometry, noise, the mask source's
-        settings and mask), the scenes' dataset settings and this dataset's seed (masks and noise). A setting at
-        its constructor's default is left out, so that an option added later keeps the caches made before it."""
+        settings and mask), the scenes' dataset settings and this dataset's seed (masks and noise)."""
         def settings(obj) -> dict:
             plain = (int, float, str, bool, type(None))
-            default = {}  # constructor defaults, a subclass's over its bases'
-            for cls in reversed(type(obj).__mro__):
-                if "__init__" in vars(cls) and cls is not object:
-                    default.update((k, p.default) for k, p in inspect.signature(cls.__init__).parameters.items())
             return {k: (str(v) if not isinstance(v, plain) else v) for k, v in sorted(vars(obj).items())
-                    if not k.startswith("_") and k not in ("epoch", "cache") and not isinstance(v, torch.Tensor)
-                    and not (isinstance(v, plain) and k in default and default[k] == v)}
+                    if not k.startswith("_") and k not in ("epoch", "cache") and not isinstance(v, torch.Tensor)}
 
         masks = getattr(self.simulator, "masks", None)
         mask = getattr(masks, "mask", None)
@@ -236,6 +230,22 @@ class FirstIterates(Dataset):
         return {"solver": repr(self.solver_spec), "simulator": repr(self.simulator), "mask": digest,
                 "masks": settings(masks) if masks is not None else None, "count": len(self.cubes),
                 "cubes": settings(self.cubes), "seed": self.seed}
+
+    def _fits(self, stored: dict) -> bool:
+        """Whether a cache's stored key describes the scenes of ``_key()``. A setting of the scenes' dataset or the
+        mask source that the stored key lacks (an option added since) counts as its constructor's default."""
+        now = self._key()
+        if not isinstance(stored, dict) or stored.keys() != now.keys():
+            return False
+        for part, obj in (("masks", getattr(self.simulator, "masks", None)), ("cubes", self.cubes)):
+            if isinstance(stored[part], dict) and isinstance(now[part], dict):
+                default = {}  # constructor defaults, a subclass's over its bases'
+                for cls in reversed(type(obj).__mro__):
+                    if "__init__" in vars(cls) and cls is not object:
+                        default.update((k, p.default) for k, p in inspect.signature(cls.__init__).parameters.items())
+                stored = {**stored, part: {**{k: default[k] for k in now[part].keys() - stored[part].keys()
+                                              if k in default}, **stored[part]}}
+        return stored == now
 
     @property
     def scenes(self) -> dict:
@@ -260,7 +270,7 @@ class FirstIterates(Dataset):
         except Exception as e:  # a partial or foreign file: rebuild it
             log.warning("first iterates: %s is unreadable (%s): recomputing", self.cache, e)
             return None
-        if data.get("key") != self._key():
+        if not self._fits(data.get("key")):
             log.warning("first iterates: %s was made from other scenes, solver or simulator: recomputing", self.cache)
             return None
         if self._too_small(data["x"]):
