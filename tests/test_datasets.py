@@ -326,7 +326,7 @@ def test_cube_files_spectral_shift_moves_every_band_centre_by_one_clipped_offset
         CubeFiles(tmp_path, wavelengths=[380, 500], spectral_shift=10, **kw)[0]
 
 
-def test_cube_files_crop_grid_gives_fixed_windows_from_edge_to_edge(tmp_path):
+def test_cube_files_crop_grid_gives_fixed_windows_from_edge_to_edge(tmp_path, monkeypatch):
     paths = write_cubes(tmp_path, 2, size=(12, 14))
     for n, tops, lefts in ((2, [0, 4], [0, 6]), (3, [0, 2, 4], [0, 3, 6])):
         ds = CubeFiles(tmp_path, crop_to=8, crop_grid=n)
@@ -338,6 +338,10 @@ def test_cube_files_crop_grid_gives_fixed_windows_from_edge_to_edge(tmp_path):
             assert torch.equal(ds[i]["x"], cube[:, top:top + 8, left:left + 8])
             assert ds[i]["name"] == f"c{f:02d}_y{top}x{left}"
     assert len({s["name"] for s in CubeFiles(tmp_path, crop_to=8, crop_grid=2)}) == 8  # distinct names
+    loads, load = [], io.load_cube
+    monkeypatch.setattr(io, "load_cube", lambda *a, **k: loads.append(a) or load(*a, **k))
+    assert len([s for s in CubeFiles(tmp_path, crop_to=8, crop_grid=3)]) == 18 and len(loads) == 2  # a read per file
+    monkeypatch.undo()
     one = CubeFiles(tmp_path, crop_to=8)  # the default: each file's centre
     assert len(one) == 2 and torch.equal(one[1]["x"], file_cube(paths[1])[:, 2:10, 3:11])
     for bad in (0, 2.5):

@@ -201,6 +201,7 @@ class CubeFiles(Dataset):
         if self.crop_grid > 1 and (augment or self.relight or self.shade or self.spectral_shift):
             raise ValueError("crop_grid gives fixed evaluation windows: drop augment, relight, shade and spectral_shift")
         self.cache = len(self.files) if cache is True else int(cache or 0)
+        self.cache = max(self.cache, 1) if self.crop_grid > 1 else self.cache  # a file's windows: one read
         self._cache: OrderedDict[Path, tuple] = OrderedDict()
         self.length = len(self.files) * self.crop_grid ** 2 if samples_per_epoch is None else int(samples_per_epoch)
         if self.length < 1:
