@@ -79,7 +79,7 @@ def test_threads_follow_torch(monkeypatch):
     x = rand((B, *op.x_shape), torch.float32)
     expected = op(x)
     ran = []
-    for name in ("fwd", "fwd_serial"):
+    for name in ("fwd_w", "fwd_w_serial"):
         kernel = getattr(_numba_kernels, name)
         monkeypatch.setattr(_numba_kernels, name,
                             lambda *a, kernel=kernel, name=name: (ran.append((name, numba.get_num_threads())),
@@ -91,7 +91,7 @@ def test_threads_follow_torch(monkeypatch):
             assert torch.equal(op(x), expected)
     finally:
         torch.set_num_threads(before)
-    assert ran == [("fwd", 1), ("fwd", min(2, numba.config.NUMBA_NUM_THREADS))]
+    assert ran == [("fwd_w", 1), ("fwd_w", min(2, numba.config.NUMBA_NUM_THREADS))]
 
 
 def _python(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
@@ -109,7 +109,7 @@ def test_jit_cache_spares_a_second_process_the_compilation(tmp_path):
         from cassi.backends.numba import _kernels
         op = CASSI(torch.rand(6, 7), bands=3, step=2, backend="numba")
         op(torch.rand(1, 3, 6, 7))
-        s = [_kernels().fwd.stats, _kernels().fwd_serial.stats]  # the kernel that ran: parallel or serial
+        s = [_kernels().fwd_w.stats, _kernels().fwd_w_serial.stats]  # the kernel that ran: parallel or serial
         print(sum(sum(t.cache_hits.values()) for t in s), sum(sum(t.cache_misses.values()) for t in s))
     """
     cache = tmp_path / "numba_cache"

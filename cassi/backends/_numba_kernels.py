@@ -3,7 +3,10 @@
 Two layouts, both with the inner loop over contiguous memory:
 
 * ``*_w``: dispersion along the last (contiguous) axis. x (B, C, H, W), y (B, 1, H, W+Δ); one task per
-  (sample, row) sums every band into its y row (A) or spreads its y row into every band (Aᵀ):
+  (sample, block of R rows) sums every band into its y rows (A), or per (sample, group of bands, block of
+  rows) spreads the y rows into those bands (Aᵀ). Bands are visited a few (``_CB``) at a time, so that a
+  task streams a few x rows at once, not all C (measured: A 20–30 % and Aᵀ ~30 % faster than band by band
+  inside each row):
 
       A:   y[b,0,h,j]  = Σ_c a_c·z_c[h, j−k_c] + f_c·z_c[h, j−k_c−1],   z = M ⊙ x
       Aᵀ:  x[b,c,h,w]  = M_c[h,w]·(a_c·r[h, w+k_c] + f_c·r[h, w+k_c+1]),   r = y (or w ⊙ y)
@@ -16,7 +19,7 @@ Two layouts, both with the inner loop over contiguous memory:
 
 with d_c = k_c + f_c, a_c = 1 − f_c. Masks broadcast over batch (Bm = 1) and bands (Cm = 1); the
 weights ``wt`` (Bw, H', W') of pinv / the data step over batch (Bw = 1). Sums run in the arrays'
-dtype (float32 or float64), like the torch backends. Each kernel is a task per row (``_*_task``) run
+dtype (float32 or float64), like the torch backends. Each kernel is a task (``_*_task``) run
 by a ``prange`` loop (``parallel=True``; the caller sets the threads with ``numba.set_num_threads``)
 or by a plain loop (its ``*_serial`` twin, for forked children, where numba's OpenMP layer aborts);
 ``cache=True``: compiled code is kept on disk (the ``__pycache__`` beside this file, or
@@ -30,112 +33,152 @@ _SERIAL = dict(cache=True, nogil=True, fastmath=False, boundscheck=False)  # for
 _HELPER = dict(cache=True, nogil=True, fastmath=False, boundscheck=False, inline="always")
 
 
-@njit(**_HELPER)
-def _accumulate(acc, x3, m3, h, k, a, f):
-    """acc (W+Δ,) += Σ_c taps of (M ⊙ x)_c[h, :]; x3 (C, H, W), m3 (Cm, H, W). Every inner loop indexes
-    slices with the loop counter alone: an index such as k_c + w, which numba cannot prove non-negative,
-    keeps its wrap-around branch and the loop is not vectorised (3.5× slower, measured)."""
-    C, W = x3.shape[0], x3.shape[2]
-    Cm = m3.shape[0]
-    for c in range(C):
-        xr = x3[c, h]
-        mr = m3[c if Cm > 1 else 0, h]
-        kc, fc = k[c], f[c]
-        if fc == 0:
-            dst = acc[kc:kc + W]
-            for w in range(W):
-                dst[w] += mr[w] * xr[w]
-        else:  # two taps; written as a gather so that the loop carries no store-to-load dependency
-            ac = a[c]
-            dst, x1, m1 = acc[kc + 1:kc + W], xr[1:], mr[1:]
-            acc[kc] += ac * (mr[0] * xr[0])
-            for w in range(W - 1):
-                dst[w] += ac * (m1[w] * x1[w]) + fc * (mr[w] * xr[w])
-            acc[kc + W] += fc * (mr[W - 1] * xr[W - 1])
+_CB = 4  # bands per pass: a task streams this many x rows at a time (4: A 20–30 % and Aᵀ 30 % faster than all 28)
 
 
 @njit(**_HELPER)
-def _spread(r, x3, m3, h, k, a, f, z3, add):
-    """x3[c, h, :] = (z3[c, h, :] +) M_c[h, :] ⊙ window_c(r) for every band c; r (W+Δ,)."""
+def _accumulate(acc, x3, m3, h0, k, a, f):
+    """acc (R, W+Δ) += Σ_c taps of (M ⊙ x)_c[h0 + r, :] for every row r < R; x3 (C, H, W), m3 (Cm, H, W).
+    Bands in groups of ``_CB``, the R rows inside a group, so that few x rows stream at once while acc stays
+    in cache. Every inner loop indexes slices with the loop counter alone: an index such as k_c + w, which
+    numba cannot prove non-negative, keeps its wrap-around branch and the loop is not vectorised (3.5×
+    slower, measured)."""
     C, W = x3.shape[0], x3.shape[2]
     Cm = m3.shape[0]
-    for c in range(C):
-        xr = x3[c, h]
-        mr = m3[c if Cm > 1 else 0, h]
-        kc, fc, ac = k[c], f[c], a[c]
-        r0 = r[kc:kc + W]
-        r1 = r[kc + 1:kc + 1 + W]  # read only when f_c ≠ 0 (then k_c + W < W + Δ)
-        if add:
-            zr = z3[c, h]
-            if fc == 0:
+    for c0 in range(0, C, _CB):
+        for r in range(acc.shape[0]):
+            h = h0 + r
+            for c in range(c0, min(C, c0 + _CB)):
+                xr = x3[c, h]
+                mr = m3[c if Cm > 1 else 0, h]
+                kc, fc = k[c], f[c]
+                if fc == 0:
+                    dst = acc[r, kc:kc + W]
+                    for w in range(W):
+                        dst[w] += mr[w] * xr[w]
+                else:  # two taps; written as a gather so that the loop carries no store-to-load dependency
+                    ac = a[c]
+                    dst, x1, m1 = acc[r, kc + 1:kc + W], xr[1:], mr[1:]
+                    acc[r, kc] += ac * (mr[0] * xr[0])
+                    for w in range(W - 1):
+                        dst[w] += ac * (m1[w] * x1[w]) + fc * (mr[w] * xr[w])
+                    acc[r, kc + W] += fc * (mr[W - 1] * xr[W - 1])
+
+
+@njit(**_HELPER)
+def _spread(rr, x3, m3, h0, c0, c1, k, a, f, z3, add):
+    """x3[c, h0 + r, :] = (z3[c, h0 + r, :] +) M_c[h0 + r, :] ⊙ window_c(rr[r]) for bands c0 ≤ c < c1 and
+    every row r < R; rr (R, W+Δ). Rows outer, the band group inner (a few x rows written at once)."""
+    W = x3.shape[2]
+    Cm = m3.shape[0]
+    for r in range(rr.shape[0]):
+        h = h0 + r
+        for c in range(c0, c1):
+            xr = x3[c, h]
+            mr = m3[c if Cm > 1 else 0, h]
+            kc, fc, ac = k[c], f[c], a[c]
+            r0 = rr[r, kc:kc + W]
+            r1 = rr[r, kc + 1:kc + 1 + W]  # read only when f_c ≠ 0 (then k_c + W < W + Δ)
+            if add:
+                zr = z3[c, h]
+                if fc == 0:
+                    for w in range(W):
+                        xr[w] = zr[w] + mr[w] * r0[w]
+                else:
+                    for w in range(W):
+                        xr[w] = zr[w] + mr[w] * (ac * r0[w] + fc * r1[w])
+            elif fc == 0:
                 for w in range(W):
-                    xr[w] = zr[w] + mr[w] * r0[w]
+                    xr[w] = mr[w] * r0[w]
             else:
                 for w in range(W):
-                    xr[w] = zr[w] + mr[w] * (ac * r0[w] + fc * r1[w])
-        elif fc == 0:
-            for w in range(W):
-                xr[w] = mr[w] * r0[w]
-        else:
-            for w in range(W):
-                xr[w] = mr[w] * (ac * r0[w] + fc * r1[w])
+                    xr[w] = mr[w] * (ac * r0[w] + fc * r1[w])
 
 
 # ----------------------------------------------------------------------------- dispersion along w
+# Tasks cover blocks of R rows (R chosen by the caller: large, yet enough tasks for the threads).
+
+
 @njit(**_HELPER)
-def _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add):
-    B, H = x.shape[0], x.shape[2]
-    Bm, Bw, Wy = m.shape[0], wt.shape[0], y.shape[3]
-    b, h = i // H, i % H
-    r = y[b, 0, h]
+def _fwd_w_task(i, x, m, k, a, f, y, R):
+    H = x.shape[2]
+    nb = (H + R - 1) // R
+    b, h0 = i // nb, (i % nb) * R
+    acc = y[b, 0, h0:min(H, h0 + R)]
+    acc[:] = 0
+    _accumulate(acc, x[b], m[b if m.shape[0] > 1 else 0], h0, k, a, f)
+
+
+@njit(**_HELPER)
+def _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add, R):
+    C, H = x.shape[1], x.shape[2]
+    nb, ng = (H + R - 1) // R, (C + _CB - 1) // _CB
+    b, j = i // (ng * nb), i % (ng * nb)
+    c0, h0 = (j // nb) * _CB, (j % nb) * R
+    h1 = min(H, h0 + R)
+    rr = y[b, 0, h0:h1]
     if weighted:
-        wr = wt[b if Bw > 1 else 0, h]
-        s = np.empty(Wy, dtype=y.dtype)
-        for j in range(Wy):
-            s[j] = wr[j] * r[j]
-        r = s
-    _spread(r, x[b], m[b if Bm > 1 else 0], h, k, a, f, z[b], add)
+        rr = rr * wt[b if wt.shape[0] > 1 else 0, h0:h1]
+    _spread(rr, x[b], m[b if m.shape[0] > 1 else 0], h0, c0, min(C, c0 + _CB), k, a, f, z[b], add)
 
 
 @njit(**_JIT)
-def adj_w(y, wt, weighted, m, k, a, f, x, z, add):
-    """x = (z +) Aᵀ(wt ⊙ y) (wt only when ``weighted``): y (B, 1, H, W+Δ) -> x (B, C, H, W)."""
-    for i in prange(x.shape[0] * x.shape[2]):
-        _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add)
+def fwd_w(x, m, k, a, f, y, R):
+    """y = A x: x (B, C, H, W) -> y (B, 1, H, W+Δ), one task per (sample, block of R rows)."""
+    for i in prange(x.shape[0] * ((x.shape[2] + R - 1) // R)):
+        _fwd_w_task(i, x, m, k, a, f, y, R)
 
 
 @njit(**_SERIAL)
-def adj_w_serial(y, wt, weighted, m, k, a, f, x, z, add):
-    for i in range(x.shape[0] * x.shape[2]):
-        _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add)
+def fwd_w_serial(x, m, k, a, f, y, R):
+    for i in range(x.shape[0] * ((x.shape[2] + R - 1) // R)):
+        _fwd_w_task(i, x, m, k, a, f, y, R)
+
+
+@njit(**_JIT)
+def adj_w(y, wt, weighted, m, k, a, f, x, z, add, R):
+    """x = (z +) Aᵀ(wt ⊙ y) (wt only when ``weighted``): y (B, 1, H, W+Δ) -> x (B, C, H, W), one task per
+    (sample, group of ``_CB`` bands, block of R rows)."""
+    for i in prange(x.shape[0] * ((x.shape[1] + _CB - 1) // _CB) * ((x.shape[2] + R - 1) // R)):
+        _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add, R)
+
+
+@njit(**_SERIAL)
+def adj_w_serial(y, wt, weighted, m, k, a, f, x, z, add, R):
+    for i in range(x.shape[0] * ((x.shape[1] + _CB - 1) // _CB) * ((x.shape[2] + R - 1) // R)):
+        _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add, R)
 
 
 @njit(**_HELPER)
-def _step_w_task(i, z, y, wt, m, k, a, f, x, u):
-    B, H = z.shape[0], z.shape[2]
-    Bm, Bw, Wy = m.shape[0], wt.shape[0], y.shape[3]
-    b, h = i // H, i % H
-    mb = b if Bm > 1 else 0
-    acc = np.zeros(Wy, dtype=y.dtype)
-    _accumulate(acc, z[b], m[mb], h, k, a, f)
-    yr, ur, wr = y[b, 0, h], u[b, 0, h], wt[b if Bw > 1 else 0, h]
-    for j in range(Wy):
-        ur[j] = yr[j] - acc[j]
-        acc[j] = wr[j] * ur[j]
-    _spread(acc, x[b], m[mb], h, k, a, f, z[b], True)
+def _step_w_task(i, z, y, wt, m, k, a, f, x, u, R):
+    C, H = z.shape[1], z.shape[2]
+    nb = (H + R - 1) // R
+    b, h0 = i // nb, (i % nb) * R
+    h1 = min(H, h0 + R)
+    mb = m[b if m.shape[0] > 1 else 0]
+    acc = np.zeros((h1 - h0, y.shape[3]), dtype=y.dtype)
+    _accumulate(acc, z[b], mb, h0, k, a, f)
+    yr, ur, wr = y[b, 0, h0:h1], u[b, 0, h0:h1], wt[b if wt.shape[0] > 1 else 0, h0:h1]
+    for r in range(h1 - h0):
+        for j in range(acc.shape[1]):
+            ur[r, j] = yr[r, j] - acc[r, j]
+            acc[r, j] = wr[r, j] * ur[r, j]
+    for c0 in range(0, C, _CB):
+        _spread(acc, x[b], mb, h0, c0, min(C, c0 + _CB), k, a, f, z[b], True)
 
 
 @njit(**_JIT)
-def step_w(z, y, wt, m, k, a, f, x, u):
-    """u = y − A z and x = z + Aᵀ(wt ⊙ u) in one pass per (b, h): the z row is read again from cache."""
-    for i in prange(z.shape[0] * z.shape[2]):
-        _step_w_task(i, z, y, wt, m, k, a, f, x, u)
+def step_w(z, y, wt, m, k, a, f, x, u, R):
+    """u = y − A z and x = z + Aᵀ(wt ⊙ u) in one pass per (sample, block of R rows): the block of z is read
+    again from cache (R small enough for it to stay there)."""
+    for i in prange(z.shape[0] * ((z.shape[2] + R - 1) // R)):
+        _step_w_task(i, z, y, wt, m, k, a, f, x, u, R)
 
 
 @njit(**_SERIAL)
-def step_w_serial(z, y, wt, m, k, a, f, x, u):
-    for i in range(z.shape[0] * z.shape[2]):
-        _step_w_task(i, z, y, wt, m, k, a, f, x, u)
+def step_w_serial(z, y, wt, m, k, a, f, x, u, R):
+    for i in range(z.shape[0] * ((z.shape[2] + R - 1) // R)):
+        _step_w_task(i, z, y, wt, m, k, a, f, x, u, R)
 
 
 # ----------------------------------------------------------------------------- dispersion along h
@@ -164,30 +207,25 @@ def _accumulate_rows(acc, x3, m3, i, k, a, f):
 
 
 @njit(**_HELPER)
-def _fwd_task(i, x, m, k, a, f, y, rows):
-    B, Hy = y.shape[0], y.shape[2]
-    Bm = m.shape[0]
+def _fwd_h_task(i, x, m, k, a, f, y):
+    Hy = y.shape[2]
     b, r = i // Hy, i % Hy
     yr = y[b, 0, r]
     yr[:] = 0
-    if rows:
-        _accumulate_rows(yr, x[b], m[b if Bm > 1 else 0], r, k, a, f)
-    else:
-        _accumulate(yr, x[b], m[b if Bm > 1 else 0], r, k, a, f)
+    _accumulate_rows(yr, x[b], m[b if m.shape[0] > 1 else 0], r, k, a, f)
 
 
 @njit(**_JIT)
-def fwd(x, m, k, a, f, y, rows):
-    """y = A x, one task per (b, y row): dispersion along rows (``rows``: X (B, C, Hx, Wd) ->
-    Y (B, 1, Hx+Δ, Wd)) or along w (x (B, C, H, W) -> y (B, 1, H, W+Δ))."""
+def fwd_h(x, m, k, a, f, y):
+    """Y = A X along rows: X (B, C, Hx, Wd) -> Y (B, 1, Hx+Δ, Wd), one task per (b, y row)."""
     for i in prange(y.shape[0] * y.shape[2]):
-        _fwd_task(i, x, m, k, a, f, y, rows)
+        _fwd_h_task(i, x, m, k, a, f, y)
 
 
 @njit(**_SERIAL)
-def fwd_serial(x, m, k, a, f, y, rows):
+def fwd_h_serial(x, m, k, a, f, y):
     for i in range(y.shape[0] * y.shape[2]):
-        _fwd_task(i, x, m, k, a, f, y, rows)
+        _fwd_h_task(i, x, m, k, a, f, y)
 
 
 @njit(**_HELPER)

@@ -1,9 +1,10 @@
 """``numba``: one-pass CPU kernels compiled at first use (numba JIT, no build step).
 
-Parallel over (sample, row): a task sums all C bands into one y row while that row stays in L1
-(A: x read once, y written once), or spreads one y row into all C bands (Aᵀ: y read from cache,
-x written once). ``pinv`` = Aᵀ(w ⊙ y) scales the y row on the fly; the data step
-x = z + Aᵀ(w ⊙ (y − A z)) computes u = y − A z for a row and at once x for that row (z's row is
+Parallel over (sample, block of rows): a task sums all C bands into its y rows while they stay in
+cache (A: x read once, y written once), or spreads its y rows into a group of bands (Aᵀ: y from
+cache, x written once); bands go a few at a time, so that a task streams a few x rows at once.
+``pinv`` = Aᵀ(w ⊙ y) scales the y rows on the fly; the data step x = z + Aᵀ(w ⊙ (y − A z)) computes
+u = y − A z for a block of rows and at once x for those rows (z's block is
 read again from cache). Integer and fractional (two-tap) offsets, both dispersion axes (axis "h"
 runs row kernels on the stored layout, no transposed copies), one mask or a batch of masks,
 float32 and float64; other dtypes and non-CPU devices raise ``UnsupportedGeometry``, which ``auto``
@@ -127,6 +128,14 @@ def _finish(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out.copy_(result)
 
 
+def _rows_per_task(outer: int, H: int, cap: int) -> int:
+    """R, the rows of a kernel task: as many as ``cap`` allows, yet ≥ 4 tasks per thread over the
+    ``outer`` × ⌈H/R⌉ tasks (outer: samples, or samples × band groups)."""
+    threads = 1 if _FORKED else torch.get_num_threads()
+    blocks = -(-4 * threads // max(1, outer))  # row blocks wanted per outer item
+    return max(1, min(cap, -(-H // blocks)))
+
+
 def _taps(g, dtype: torch.dtype):
     """(k, a, f) per band as numpy arrays: integer shift, weights 1 − f and f in the data's dtype."""
     import numpy as np
@@ -170,7 +179,10 @@ class NumbaBackend(Backend):
         B, _, H, _ = x.shape
         y, yn = _dest(out, (B, 1, H, g.out_width), x, rows)
         k, a, f = _taps(g, x.dtype)
-        _run("fwd", _np(x, rows), _np(mask, rows), k, a, f, yn, rows)
+        if rows:
+            _run("fwd_h", _np(x, rows), _np(mask, rows), k, a, f, yn)
+        else:  # 64 rows of y (W+Δ wide) stay in L2 while the bands are summed into them
+            _run("fwd_w", _np(x, rows), _np(mask, rows), k, a, f, yn, _rows_per_task(B, H, 64))
         return _finish(y, out)
 
     def _adjoint(self, y, w, mask, g, out):
@@ -186,7 +198,8 @@ class NumbaBackend(Backend):
         else:
             yn = _np(y, rows)
             wn = yn[:1, 0, :1, :1] if w is None else _weights(w, y, rows)  # unused when w is None
-            _run("adj_w", yn, wn, w is not None, _np(mask, rows), k, a, f, xn, xn, False)
+            groups = -(-g.bands // _kernels()._CB)
+            _run("adj_w", yn, wn, w is not None, _np(mask, rows), k, a, f, xn, xn, False, _rows_per_task(B * groups, H, H))
         return _finish(x, out)
 
     def adjoint(self, y, mask, g, out=None):
@@ -211,7 +224,9 @@ class NumbaBackend(Backend):
             _run("residual_h", zn, yn, wn, mn, k, a, f, un, rn)
             _run("adj_h", rn, mn, k, a, f, xn, zn, True)
         else:
-            _run("step_w", zn, yn, wn, mn, k, a, f, xn, un)
+            # a task's block of z (R × C × W) is read twice: ≤ 512 KB, so that the second read hits L2
+            cap = max(1, 2 ** 19 // (g.bands * g.width * z.element_size()))
+            _run("step_w", zn, yn, wn, mn, k, a, f, xn, un, _rows_per_task(B, H, cap))
         return x, u
 
 
