@@ -60,6 +60,22 @@ def test_other_dtypes_are_refused_and_auto_falls_back():
     assert why and why[0].startswith("unsupported") and "bfloat16" in why[0]
 
 
+@pytest.mark.parametrize("forked", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, H])
+def test_every_row_block_size_equals_loop(monkeypatch, rows, forked):
+    """Tasks cover blocks of R rows (R = 3 leaves a partial block of H = 7) and bands in groups of four (C = 5
+    leaves a partial group), in the parallel kernels and in the serial twins of a forked child: A, Aᵀ, pinv and
+    the data step equal loop's, whatever R the thread count would choose."""
+    monkeypatch.setattr(nb, "_rows_per_task", lambda outer, h, cap: rows)
+    monkeypatch.setattr(nb, "_FORKED", forked)
+    op, ref = make_op("batch", "frac", "w", "numba"), make_op("batch", "frac", "w", "loop")
+    x, y = rand((B, *op.x_shape)), rand((B, *op.y_shape))
+    torch.testing.assert_close(op(x), ref(x))
+    torch.testing.assert_close(op.adjoint(y), ref.adjoint(y))
+    torch.testing.assert_close(op.pinv(y), ref.pinv(y))
+    torch.testing.assert_close(op.data_step(x, y, 0.2), ref.data_step(x, y, 0.2))
+
+
 def test_refuses_other_devices_and_a_missing_numba(monkeypatch):
     g = make_op("2d", "step2", "w", "loop").geometry
     with pytest.raises(UnsupportedGeometry, match="CPU only"):

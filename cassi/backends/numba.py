@@ -71,8 +71,8 @@ def _kernels():
 
 def _run(name: str, *args) -> None:
     """Run kernel ``name`` with ``torch.get_num_threads()`` threads (capped at numba's pool); in a forked
-    child, its ``_serial`` twin (measured on 256² × 28 × 16 at one thread: A as fast, Aᵀ ~17 % slower, so
-    the parent runs the parallel kernel even at one thread). Parallel calls are serialised (numba's workqueue
+    child, its ``_serial`` twin (measured with the per-row kernels of before 1f536b3, 256² × 28 × 16 at one
+    thread: A as fast, Aᵀ ~17 % slower, so the parent runs the parallel kernel even at one thread). Parallel calls are serialised (numba's workqueue
     layer, used where OpenMP and TBB are missing, must not be entered by two threads at once); serial ones take
     no lock (a child forked while another thread held it would wait on it forever)."""
     import numba
@@ -129,8 +129,8 @@ def _finish(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
 
 
 def _rows_per_task(outer: int, H: int, cap: int) -> int:
-    """R, the rows of a kernel task: as many as ``cap`` allows, yet ≥ 4 tasks per thread over the
-    ``outer`` × ⌈H/R⌉ tasks (outer: samples, or samples × band groups)."""
+    """R, the rows of a kernel task: as many as ``cap`` allows, yet about 4 tasks per thread over the
+    ``outer`` × ⌈H/R⌉ tasks (outer: samples, or samples × band groups) where H allows."""
     threads = 1 if _FORKED else torch.get_num_threads()
     blocks = -(-4 * threads // max(1, outer))  # row blocks wanted per outer item
     return max(1, min(cap, -(-H // blocks)))
@@ -199,7 +199,9 @@ class NumbaBackend(Backend):
             yn = _np(y, rows)
             wn = yn[:1, 0, :1, :1] if w is None else _weights(w, y, rows)  # unused when w is None
             groups = -(-g.bands // _kernels()._CB)
-            _run("adj_w", yn, wn, w is not None, _np(mask, rows), k, a, f, xn, xn, False, _rows_per_task(B * groups, H, H))
+            # a task's y rows (R × (W+Δ)) are read once per band group: ≤ 64 rows keep them in L2
+            _run("adj_w", yn, wn, w is not None, _np(mask, rows), k, a, f, xn, xn, False,
+                 _rows_per_task(B * groups, H, 64))
         return _finish(x, out)
 
     def adjoint(self, y, mask, g, out=None):
