@@ -318,12 +318,46 @@ def test_cube_files_spectral_shift_moves_every_band_centre_by_one_clipped_offset
         assert torch.allclose((v - d) / 1000, ((v - d) / 1000).round(), atol=1e-4)
     unshifted = torch.from_numpy(a)[None] + 2 * torch.tensor([450., 500, 550, 600])[:, None, None]
     assert torch.allclose(ds.cube(0).double(), unshifted)  # cube(): the file at the wavelengths themselves
-    with pytest.raises(ValueError, match="spectral_shift needs wavelengths"):
+    with pytest.raises(ValueError, match="spectral_shift and spectral_stretch need wavelengths"):
         CubeFiles(tmp_path, spectral_shift=10)
     with pytest.raises(ValueError, match="spectral_shift"):
         CubeFiles(tmp_path, wavelengths="tsa", source_wavelengths="cave", spectral_shift=-1)
     with pytest.raises(DataFileError, match="lin.npy"):  # a target outside the file's range: named at load
         CubeFiles(tmp_path, wavelengths=[380, 500], spectral_shift=10, **kw)[0]
+
+
+def test_cube_files_spectral_stretch_spreads_the_band_centres_about_their_middle(tmp_path):
+    # x[c, h, w] = 1000·(12h + w) + 2·λ_c: resampled at λ'_c, x − 2λ_c = window + 2(λ'_c − λ_c)
+    a = 1000.0 * np.arange(144, dtype=np.float64).reshape(12, 12)
+    cave = np.asarray(io.CAVE_WAVELENGTHS, dtype=np.float64)
+    io.save_cube(tmp_path / "lin.npy", (a[None] + 2 * cave[:, None, None]).astype(np.float32), layout="chw")
+    kw = dict(source_wavelengths="cave", patch_size=8, samples_per_epoch=48)
+
+    def moved(ds):
+        """Per sample, λ' − λ of every band (the window's part removed)."""
+        out = []
+        for i in range(len(ds)):
+            v = ds[i]["x"].double() - 2 * torch.tensor(ds.wavelengths, dtype=torch.float64)[:, None, None]
+            d = v[:, 0, 0] - 1000 * torch.round(v[0, 0, 0] / 1000)
+            assert torch.allclose(v - v[:, :1, :1], (v - v[:, :1, :1])[:1].expand_as(v), atol=0.05)  # per band
+            out.append(d / 2)
+        return torch.stack(out)
+
+    wl = torch.tensor([450.0, 500, 550, 600])
+    m = moved(CubeFiles(tmp_path, wavelengths=wl.tolist(), spectral_stretch=0.3, **kw))
+    sigma = m[:, -1] / (wl[-1] - 525)  # λ' = 525 + (λ − 525)(1 + σ): the middle stays, the ends move most
+    assert torch.allclose(m, sigma[:, None] * (wl - 525), atol=0.05)
+    assert sigma.abs().max() <= 0.3 + 1e-3 and sigma.std() > 0.08  # U(−0.3, 0.3), drawn per sample
+    assert moved(CubeFiles(tmp_path, wavelengths=wl.tolist(), **kw)).abs().max() < 0.05  # default: none
+    # 410 … 690 spread by up to 1.5 must stay in the file's 400 … 700: at most 300/280, then moved inside
+    m = moved(CubeFiles(tmp_path, wavelengths=[410, 550, 690], spectral_stretch=0.5, spectral_shift=30, **kw))
+    target = torch.tensor([410.0, 550, 690]) + m
+    assert target.min() > 400 - 0.05 and target.max() < 700 + 0.05
+    assert (target[:, -1] - target[:, 0]).max() > 300 - 0.1  # the widest spread fills the range
+    with pytest.raises(ValueError, match="spectral_stretch"):
+        CubeFiles(tmp_path, wavelengths="tsa", source_wavelengths="cave", spectral_stretch=1.0)
+    with pytest.raises(ValueError, match="need wavelengths"):
+        CubeFiles(tmp_path, spectral_stretch=0.2)
 
 
 def test_cube_files_crop_grid_gives_fixed_windows_from_edge_to_edge(tmp_path, monkeypatch):

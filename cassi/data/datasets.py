@@ -159,6 +159,10 @@ class CubeFiles(Dataset):
         spectral_shift: s nm: every sample is resampled at ``wavelengths`` + δ, δ ~ U(−s, s) drawn per sample
             (clipped to the file's wavelength range): the same scenes' spectra moved along the wavelength
             axis, new spectra of the same smoothness (needs ``wavelengths``; 0: none).
+        spectral_stretch: e: every sample's band centres are spread about their middle by a factor 1 + σ,
+            σ ~ U(−e, e) drawn per sample (after δ; less where the file's range is too narrow), then moved by δ
+            (clipped so that all stay in the file's range): spectral features narrower or wider than the
+            scenes' own (needs ``wavelengths``; 0: none).
         cache: False/0: no cache; int k: an LRU cache of k cubes; True: all files.
         seed: randomness of sample i in epoch e comes from (seed, e, i).
 
@@ -172,7 +176,7 @@ class CubeFiles(Dataset):
                  source_wavelengths=None, patch_size=None, crop_to=None, samples_per_epoch: int | None = None,
                  augment: bool = False, mosaic: bool | float = False, relight: float = 0.0,
                  shade: float = 0.0, cache: bool | int = False, seed: int = 0, crop_grid: int = 1,
-                 spectral_shift: float = 0.0):
+                 spectral_shift: float = 0.0, spectral_stretch: float = 0.0):
         self.files = resolve_paths(paths)
         self.key, self.layout, self.seed, self.augment, self.epoch = key, layout, seed, augment, 0
         self.wavelengths, self.source_wavelengths = _wavelengths(wavelengths), _wavelengths(source_wavelengths)
@@ -196,10 +200,15 @@ class CubeFiles(Dataset):
         self.spectral_shift = float(spectral_shift)
         if not self.spectral_shift >= 0:
             raise ValueError(f"spectral_shift must be >= 0 nm, got {spectral_shift!r}")
-        if self.spectral_shift and self.wavelengths is None:
-            raise ValueError("spectral_shift needs wavelengths= (the band centres it moves)")
-        if self.crop_grid > 1 and (augment or self.relight or self.shade or self.spectral_shift):
-            raise ValueError("crop_grid gives fixed evaluation windows: drop augment, relight, shade and spectral_shift")
+        self.spectral_stretch = float(spectral_stretch)
+        if not 0 <= self.spectral_stretch < 1:
+            raise ValueError(f"spectral_stretch must be in [0, 1) (a fraction of the band span), got {spectral_stretch!r}")
+        self._resampled = bool(self.spectral_shift or self.spectral_stretch)  # per sample, from the stored bands
+        if self._resampled and self.wavelengths is None:
+            raise ValueError("spectral_shift and spectral_stretch need wavelengths= (the band centres they move)")
+        if self.crop_grid > 1 and (augment or self.relight or self.shade or self._resampled):
+            raise ValueError("crop_grid gives fixed evaluation windows: drop augment, relight, shade, spectral_shift "
+                             "and spectral_stretch")
         self.cache = len(self.files) if cache is True else int(cache or 0)
         self.cache = max(self.cache, 1) if self.crop_grid > 1 else self.cache  # a file's windows: one read
         self._cache: OrderedDict[Path, tuple] = OrderedDict()
@@ -220,8 +229,8 @@ class CubeFiles(Dataset):
         return data if src is None else io.resample_bands(data, src, self.wavelengths)
 
     def _source(self, i: int) -> tuple[torch.Tensor, list[float] | None]:
-        """File i's cube, cached: resampled to ``wavelengths`` (src None) or, with ``spectral_shift``, as stored
-        with its wavelengths src (resampled per sample)."""
+        """File i's cube, cached: resampled to ``wavelengths`` (src None) or, with ``spectral_shift`` or
+        ``spectral_stretch``, as stored with its wavelengths src (resampled per sample)."""
         path = self.files[i]
         if path in self._cache:
             self._cache.move_to_end(path)
@@ -232,11 +241,11 @@ class CubeFiles(Dataset):
             src = self.source_wavelengths or cube.wavelengths
             if src is None:
                 raise DataFileError(path, "stores no wavelengths: pass source_wavelengths= to resample it")
-            try:  # with spectral_shift, resampling one pixel checks the file's range now
-                resampled = io.resample_bands(data[..., :1, :1] if self.spectral_shift else data, src, self.wavelengths)
+            try:  # resampled per sample: resampling one pixel checks the file's range now
+                resampled = io.resample_bands(data[..., :1, :1] if self._resampled else data, src, self.wavelengths)
             except ValueError as err:
                 raise DataFileError(path, str(err)) from None
-            data, src = (data, list(src)) if self.spectral_shift else (resampled, None)
+            data, src = (data, list(src)) if self._resampled else (resampled, None)
         need = self.patch_size or self.crop_to
         if need and (data.shape[-2] < need[0] or data.shape[-1] < need[1]):
             raise DataFileError(path, f"cube of size {data.shape[-2]}×{data.shape[-1]} is smaller than the "
@@ -247,9 +256,10 @@ class CubeFiles(Dataset):
                 self._cache.popitem(last=False)
         return data, src
 
-    def _patch(self, i: int, size: tuple[int, int] | None, g: torch.Generator, shift: float = 0.0) -> torch.Tensor:
+    def _patch(self, i: int, size: tuple[int, int] | None, g: torch.Generator, shift: float = 0.0,
+               stretch: float = 0.0) -> torch.Tensor:
         """A random (C, h, w) window of file i (or the whole / center-cropped cube), augmented, its band centres
-        moved by ``shift`` nm (clipped to the file's range)."""
+        spread by 1 + ``stretch`` about their middle and moved by ``shift`` nm (both limited to the file's range)."""
         x, src = self._source(i)
         if size is None:
             x = center_crop(x, self.crop_to) if self.crop_to else x
@@ -263,8 +273,13 @@ class CubeFiles(Dataset):
             x = torch.rot90(x, k, (-2, -1))  # with one flip: uniform over the 8 (or 4 off-square) symmetries
             x = x.flip(-1) if int(torch.randint(2, (), generator=g)) else x
         if src is not None:
-            shift = min(max(shift, src[0] - min(self.wavelengths)), src[-1] - max(self.wavelengths))
-            x = io.resample_bands(x, src, [w + shift for w in self.wavelengths])
+            lo, hi = min(self.wavelengths), max(self.wavelengths)
+            mid, factor = (lo + hi) / 2, 1 + stretch
+            if hi > lo:  # no wider than the file's range
+                factor = min(factor, (max(src) - min(src)) / (hi - lo))
+            target = [mid + (w - mid) * factor for w in self.wavelengths]
+            shift = min(max(shift, min(src) - min(target)), max(src) - max(target))
+            x = io.resample_bands(x, src, [w + shift for w in target])
         return x
 
     def _window(self, f: int, k: int) -> dict:
@@ -284,16 +299,17 @@ class CubeFiles(Dataset):
             return self._window(*divmod(index, self.crop_grid ** 2))
         g = torch.Generator().manual_seed(stable_seed(self.seed, self.epoch, index))
         shift = self.spectral_shift * (2 * float(torch.rand((), generator=g)) - 1) if self.spectral_shift else 0.0
+        stretch = self.spectral_stretch * (2 * float(torch.rand((), generator=g)) - 1) if self.spectral_stretch else 0.0
         if self.mosaic and float(torch.rand((), generator=g)) < self.mosaic:
             (h, w), n = self.patch_size, len(self.files)
             files = torch.randint(n, (4,), generator=g).tolist()
             sizes = [(a, b) for a in (h // 2, h - h // 2) for b in (w // 2, w - w // 2)]
-            q = [self._patch(f, s, g, shift) for f, s in zip(files, sizes)]
+            q = [self._patch(f, s, g, shift, stretch) for f, s in zip(files, sizes)]
             x = torch.cat([torch.cat(q[:2], -1), torch.cat(q[2:], -1)], -2)
             name = "+".join(self.files[f].stem for f in files)
         else:
             f = index % len(self.files)
-            x, name = self._patch(f, self.patch_size, g, shift), self.files[f].stem
+            x, name = self._patch(f, self.patch_size, g, shift, stretch), self.files[f].stem
         if self.relight and float(torch.rand((), generator=g)) < self.relight:
             x = x * relight_gain(x.shape[0], g)
         if self.shade and float(torch.rand((), generator=g)) < self.shade:
