@@ -18,7 +18,7 @@ Two layouts, both with the inner loop over contiguous memory:
       Aᵀ:  X[b,c,h,:]  = M_c[h,:]·(a_c·R[h+k_c, :] + f_c·R[h+k_c+1, :])
 
 with d_c = k_c + f_c, a_c = 1 − f_c. Masks broadcast over batch (Bm = 1) and bands (Cm = 1); the
-weights ``wt`` (Bw, H', W') of pinv / the data step over batch (Bw = 1). Sums run in the arrays'
+weights ``wt`` (Bw, H', W') of the data step over batch (Bw = 1). Sums run in the arrays'
 dtype (float32 or float64), like the torch backends. Each kernel is a task (``_*_task``) run
 by a ``prange`` loop (``parallel=True``; the caller sets the threads with ``numba.set_num_threads``)
 or by a plain loop (its ``*_serial`` twin, for forked children, where numba's OpenMP layer aborts);
@@ -110,16 +110,13 @@ def _fwd_w_task(i, x, m, k, a, f, y, R):
 
 
 @njit(**_HELPER)
-def _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add, R):
+def _adj_w_task(i, y, m, k, a, f, x, z, add, R):
     C, H = x.shape[1], x.shape[2]
     nb, ng = (H + R - 1) // R, (C + _CB - 1) // _CB
     b, j = i // (ng * nb), i % (ng * nb)
     c0, h0 = (j // nb) * _CB, (j % nb) * R
     h1 = min(H, h0 + R)
-    rr = y[b, 0, h0:h1]
-    if weighted:
-        rr = rr * wt[b if wt.shape[0] > 1 else 0, h0:h1]
-    _spread(rr, x[b], m[b if m.shape[0] > 1 else 0], h0, c0, min(C, c0 + _CB), k, a, f, z[b], add)
+    _spread(y[b, 0, h0:h1], x[b], m[b if m.shape[0] > 1 else 0], h0, c0, min(C, c0 + _CB), k, a, f, z[b], add)
 
 
 @njit(**_JIT)
@@ -136,17 +133,17 @@ def fwd_w_serial(x, m, k, a, f, y, R):
 
 
 @njit(**_JIT)
-def adj_w(y, wt, weighted, m, k, a, f, x, z, add, R):
-    """x = (z +) Aᵀ(wt ⊙ y) (wt only when ``weighted``): y (B, 1, H, W+Δ) -> x (B, C, H, W), one task per
-    (sample, group of ``_CB`` bands, block of R rows)."""
+def adj_w(y, m, k, a, f, x, z, add, R):
+    """x = (z +) Aᵀ y: y (B, 1, H, W+Δ) -> x (B, C, H, W), one task per (sample, group of ``_CB`` bands, block
+    of R rows)."""
     for i in prange(x.shape[0] * ((x.shape[1] + _CB - 1) // _CB) * ((x.shape[2] + R - 1) // R)):
-        _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add, R)
+        _adj_w_task(i, y, m, k, a, f, x, z, add, R)
 
 
 @njit(**_SERIAL)
-def adj_w_serial(y, wt, weighted, m, k, a, f, x, z, add, R):
+def adj_w_serial(y, m, k, a, f, x, z, add, R):
     for i in range(x.shape[0] * ((x.shape[1] + _CB - 1) // _CB) * ((x.shape[2] + R - 1) // R)):
-        _adj_w_task(i, y, wt, weighted, m, k, a, f, x, z, add, R)
+        _adj_w_task(i, y, m, k, a, f, x, z, add, R)
 
 
 @njit(**_HELPER)

@@ -72,9 +72,10 @@ def _kernels():
 def _run(name: str, *args) -> None:
     """Run kernel ``name`` with ``torch.get_num_threads()`` threads (capped at numba's pool); in a forked
     child, its ``_serial`` twin (measured with the per-row kernels of before 1f536b3, 256² × 28 × 16 at one
-    thread: A as fast, Aᵀ ~17 % slower, so the parent runs the parallel kernel even at one thread). Parallel calls are serialised (numba's workqueue
-    layer, used where OpenMP and TBB are missing, must not be entered by two threads at once); serial ones take
-    no lock (a child forked while another thread held it would wait on it forever)."""
+    thread: A as fast, Aᵀ ~17 % slower, so the parent runs the parallel kernel even at one thread). Parallel
+    calls are serialised (numba's workqueue layer, used where OpenMP and TBB are missing, must not be entered
+    by two threads at once); serial ones take no lock (a child forked while another thread held it would wait
+    on it forever)."""
     import numba
 
     kernels = _kernels()
@@ -192,16 +193,13 @@ class NumbaBackend(Backend):
         B, _, H, _ = y.shape
         x, xn = _dest(out, (B, g.bands, H, g.width), y, rows)
         k, a, f = _taps(g, y.dtype)
+        yn = _np(y if w is None else y * w, rows)  # w ⊙ y once (y-sized), not once per band group
         if rows:
-            yn = _np(y if w is None else y * w, rows)
             _run("adj_h", yn, _np(mask, rows), k, a, f, xn, xn, False)
         else:
-            yn = _np(y, rows)
-            wn = yn[:1, 0, :1, :1] if w is None else _weights(w, y, rows)  # unused when w is None
             groups = -(-g.bands // _kernels()._CB)
             # a task's y rows (R × (W+Δ)) are read once per band group: ≤ 64 rows keep them in L2
-            _run("adj_w", yn, wn, w is not None, _np(mask, rows), k, a, f, xn, xn, False,
-                 _rows_per_task(B * groups, H, 64))
+            _run("adj_w", yn, _np(mask, rows), k, a, f, xn, xn, False, _rows_per_task(B * groups, H, 64))
         return _finish(x, out)
 
     def adjoint(self, y, mask, g, out=None):
