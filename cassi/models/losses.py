@@ -17,8 +17,10 @@ class ReconstructionLoss(nn.Module):
     l1: mean|x̂ − x|;  mse: mean(x̂ − x)²;  rmse: sqrt(mse) (the MST toolbox's loss);
     charbonnier: mean sqrt((x̂ − x)² + ε²).  Returns a scalar.
 
-    ``relative``: x̂ and x are first divided per sample by 2·mean(x) (B, 1, 1, 1), so that a dark patch
-    weighs as much as a bright one (mean PSNR over scenes rewards exactly that).
+    ``relative``: ℓ is taken on x̂ and x divided per sample by 2·mean(x) (B, 1, 1, 1), so that a dark patch
+    weighs as much as a bright one (mean PSNR over scenes rewards exactly that). The SSIM term is always
+    taken as the metric is (:func:`cassi.metrics.ssim`: the cubes as given, data range 1), where a dark
+    patch weighs less.
     """
 
     def __init__(self, kind: str = "l1", ssim: float = 0.0, eps: float = 1e-3, relative: bool = False):
@@ -32,10 +34,9 @@ class ReconstructionLoss(nn.Module):
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if pred.shape != target.shape:
             raise ValueError(f"pred {tuple(pred.shape)} and target {tuple(target.shape)} differ in shape")
-        if self.relative:
-            scale = (2 * target.detach().mean(dim=tuple(range(1, target.ndim)), keepdim=True)).clamp_min(1e-4)
-            pred, target = pred / scale, target / scale
         d = pred - target
+        if self.relative:
+            d = d / (2 * target.detach().mean(dim=tuple(range(1, target.ndim)), keepdim=True)).clamp_min(1e-4)
         if self.kind == "l1":
             loss = d.abs().mean()
         elif self.kind == "charbonnier":
