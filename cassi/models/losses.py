@@ -19,8 +19,8 @@ class ReconstructionLoss(nn.Module):
 
     ``relative``: ℓ is taken on x̂ and x divided per sample by 2·mean(x) (B, 1, 1, 1), so that a dark patch
     weighs as much as a bright one (mean PSNR over scenes rewards exactly that). The SSIM term is always
-    taken as the metric is (:func:`cassi.metrics.ssim`: the cubes as given, data range 1), where a dark
-    patch weighs less.
+    taken as the metric is (:func:`cassi.metrics.ssim`: the cubes as given, data range 1; x̂ not
+    clamped), where a dark patch weighs less.
     """
 
     def __init__(self, kind: str = "l1", ssim: float = 0.0, eps: float = 1e-3, relative: bool = False):
