@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from cassi import CASSI
+from cassi.metrics import ssim
 from cassi.models import ADMMNet, DAUHST, GAPNet, ReconstructionLoss, load_model, load_prior
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -133,7 +134,6 @@ def test_relative_loss_scales_the_error_but_takes_ssim_as_the_metric_does(kind):
     pixel = ReconstructionLoss(kind, eps=1e-3)(p / scale, t / scale)   # the pixel term on normalised cubes
     assert ReconstructionLoss(kind, relative=True, eps=1e-3)(p, t) == pytest.approx(pixel.item(), rel=1e-5)
     assert pixel > 2 * ReconstructionLoss(kind, eps=1e-3)(p, t)        # and the normalisation matters here
-    from cassi.metrics import ssim
     metric = 1 - ssim(p, t).mean()
     assert metric < 1 - ssim(p / scale, t / scale).mean() - 0.1   # the two scales really differ here
     both = ReconstructionLoss(kind, ssim=1.0, relative=True, eps=1e-3)(p, t)

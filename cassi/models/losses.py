@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torchmetrics.functional.image import structural_similarity_index_measure
+
+from cassi.metrics import ssim as ssim_metric
 
 __all__ = ["ReconstructionLoss"]
 
@@ -45,8 +45,7 @@ class ReconstructionLoss(nn.Module):
             loss = d.square().mean()
             loss = loss.sqrt() if self.kind == "rmse" else loss
         if self.ssim:
-            loss = loss + self.ssim * (1 - structural_similarity_index_measure(pred.float(), target.float(),
-                                                                                data_range=1.0))
+            loss = loss + self.ssim * (1 - ssim_metric(pred.float(), target.float()).mean())
         return loss
 
     def extra_repr(self) -> str:
