@@ -269,33 +269,41 @@ class CASSI(nn.Module):
         pos = t > 0
         return torch.where(pos, 1 / torch.where(pos, t, 1.0), 0.0).to(self.phi.dtype)
 
-    def _step(self, z, y, w):
+    def _step(self, z, y, w, out=None):
         """(z + Aᵀ(w ⊙ u), u = y − A z): the backend's fused step, or composed from A and Aᵀ."""
-        r = self.backend.data_step(self._t(z), self._t(y), self._t(w), self._t(self.mask), self.geometry)
+        r = self.backend.data_step(self._t(z), self._t(y), self._t(w), self._t(self.mask), self.geometry,
+                                   None if out is None else self._t(out))
         if r is not None:
-            return self._t(r[0]), self._t(r[1])
+            return (out if out is not None else self._t(r[0])), self._t(r[1])
         u = y - self._run(z, False, None)
-        return z + self._run(u * w, True, None), u
+        return torch.add(z, self._run(u * w, True, None), out=out), u
 
-    def data_step(self, z: torch.Tensor, y: torch.Tensor, rho: float | torch.Tensor = 0.0) -> torch.Tensor:
+    def data_step(self, z: torch.Tensor, y: torch.Tensor, rho: float | torch.Tensor = 0.0,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
         """argmin_x ½‖Ax − y‖² + ρ/2‖x − z‖² = z + Aᵀ((y − A z) ⊘ (Φ + ρ)), 0-weighted where Φ + ρ = 0.
 
         ρ = 0 is the GAP projection onto {A x = y}. ρ may be a tensor that broadcasts against
         (B, 1, 1, 1) (per-sample, learned; autograd flows into it). Exact for integer offsets; a
-        majorised step for fractional ones. Backends with a fused step (``strided``, ``triton``)
-        compute it in one pass over x. (B, C, H, W), (B, 1, H, W+Δ) -> (B, C, H, W).
+        majorised step for fractional ones. Backends with a fused step (``numba``, ``strided``,
+        ``triton``) compute it in one pass over x. ``out`` (not differentiable) receives x and may be
+        z itself. (B, C, H, W), (B, 1, H, W+Δ) -> (B, C, H, W).
         """
-        self._check(z, "z", self.x_shape, None)
-        self._check(y, "y", self.y_shape, None)
+        self._check(z, "z", self.x_shape, out)
+        self._check(y, "y", self.y_shape, out)
         if y.shape[0] != z.shape[0]:
             raise ValueError(f"z has batch {z.shape[0]} but y has batch {y.shape[0]}")
         w = self._weights(rho)
+        if out is not None:
+            self._check_out(z, out, self.x_shape)
+            if w.requires_grad and torch.is_grad_enabled():
+                raise RuntimeError("out= is not differentiable; call without out= when gradients are needed")
         fused = type(self.backend).data_step is not Backend.data_step
         if fused and torch.broadcast_shapes(w.shape, y.shape) == y.shape:
             if torch.is_grad_enabled() and (z.requires_grad or y.requires_grad or w.requires_grad):
                 return _DataStep.apply(z, y, w, self)
-            return self._step(z, y, w)[0]
-        return z + self.adjoint((y - self.forward(z)) * w)
+            return self._step(z, y, w, out)[0]
+        r = self.adjoint((y - self.forward(z)) * w)
+        return torch.add(z, r, out=out)
 
     def norm(self) -> float:
         """‖A‖₂ (largest singular value). Exact for integer offsets: sqrt(max Φ);

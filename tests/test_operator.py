@@ -219,6 +219,12 @@ def test_fused_data_step_equals_composed(backend, mask_kind, geom, axis, rho):
     expected = z + ref.adjoint((y - ref(z)) * w)
     torch.testing.assert_close(op.data_step(z, y, r), expected)
     torch.testing.assert_close(ref.data_step(z, y, r), expected)
+    for o in (op, ref):  # into a NaN-filled buffer, and in place (out = z)
+        buf, zc = torch.full_like(z, float("nan")), z.clone()
+        assert o.data_step(z, y, r, out=buf) is buf
+        torch.testing.assert_close(buf, expected)
+        assert o.data_step(zc, y, r, out=zc) is zc
+        torch.testing.assert_close(zc, expected)
 
 
 def test_data_step_tensor_rho_zero_is_guarded():
@@ -353,8 +359,15 @@ def test_out_rejects_wrong_shape_and_grad():
     x = rand((B, *op.x_shape), torch.float32)
     with pytest.raises(ValueError, match="out must have shape"):
         op(x, out=torch.empty(B, 1, H, W))
+    y = op(x)
+    with pytest.raises(ValueError, match="out must have shape"):
+        op.data_step(x, y, out=torch.empty(B, 1, H, W))
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        op.data_step(x, y, torch.tensor(0.5, requires_grad=True), out=torch.empty_like(x))
     with pytest.raises(RuntimeError, match="not differentiable"):
         op(x.requires_grad_(), out=torch.empty(B, *op.y_shape))
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        op.data_step(x, y, out=torch.empty_like(x))
 
 
 # ------------------------------------------------------------------ validation
@@ -458,8 +471,14 @@ class _Wrong(Backend):
             x[..., :-1] = x[..., 1:].clone()
         return x
 
+    def data_step(self, z, y, w, mask, g, out=None):
+        if self.defect != "step-ignores-out":
+            return None
+        u = y - self.ref.forward(z, mask, g)
+        return z + self.ref.adjoint(u * w, mask, g), u  # right values, but never written into out
 
-DEFECTS = ("raises", "scaled", "shifted", "ignores-out")
+
+DEFECTS = ("raises", "scaled", "shifted", "ignores-out", "step-ignores-out")
 
 
 @pytest.mark.parametrize("axis", ["w", "h"])

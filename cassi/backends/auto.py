@@ -105,8 +105,8 @@ class AutoBackend(Backend):
     def adjoint(self, y, mask, g, out=None):
         return self.choice(y, mask, g, adjoint=True).adjoint(y, mask, g, out)
 
-    def data_step(self, z, y, w, mask, g):
-        return self.choice(z, mask, g).data_step(z, y, w, mask, g)
+    def data_step(self, z, y, w, mask, g, out=None):
+        return self.choice(z, mask, g).data_step(z, y, w, mask, g, out)
 
     def pinv(self, y, w, mask, g, out=None):
         return self.choice(y, mask, g, adjoint=True).pinv(y, w, mask, g, out)
@@ -126,8 +126,8 @@ def verify(cand: Backend, x: torch.Tensor, mask: torch.Tensor, g: Geometry, rows
 
     The small problem keeps what a kernel may depend on: the offsets, dtype, device, memory layout
     (axis "h" arrives as a transposed view), the mask kind (per batch, per band) and a batch of up to
-    2, with ``rows`` rows and a width of min(W, 2Δ + 5). A, Aᵀ (fresh, and into NaN-filled ``out=``
-    buffers), pinv and the data step z + Aᵀ(w ⊙ (y − A z)) are compared with ``loop`` in float64 on
+    2, with ``rows`` rows and a width of min(W, 2Δ + 5). A, Aᵀ, pinv and the data step (fresh, and into
+    NaN-filled ``out=`` buffers) z + Aᵀ(w ⊙ (y − A z)) are compared with ``loop`` in float64 on
     CPU (``tolerance``, relative to the largest value), and ⟨A x, y⟩ with ⟨x, Aᵀ y⟩.
     """
     from cassi.backends.loop import LoopBackend
@@ -163,6 +163,10 @@ def verify(cand: Backend, x: torch.Tensor, mask: torch.Tensor, g: Geometry, rows
         cand.adjoint(ys, m, gs, out=xo)
         got["A out="], got["At out="] = yo, xo  # the buffers must hold the results
         expect["A out="], expect["At out="] = expect["A"], expect["At"]
+        if step is not None:
+            so = torch.full_like(xs, float("nan"))
+            cand.data_step(xs, ys, ws, m, gs, out=so)
+            got["step out="], expect["step out="] = so, expect["step"]
     except UnsupportedGeometry as e:
         return f"unsupported: {e}"
     except Exception as e:  # noqa: BLE001 - any failure disqualifies the candidate

@@ -80,10 +80,11 @@ class Backend:
     def adjoint(self, y, mask, g: Geometry, out=None):
         return _emit(self._adjoint(y, mask, g), out)
 
-    def data_step(self, z, y, w, mask, g: Geometry):
+    def data_step(self, z, y, w, mask, g: Geometry, out=None):
         """Fused data step, or None where this backend has none (the operator then composes it):
-        (x, u) with u = y − A z (B, 1, H, W') and x = z + Aᵀ(w ⊙ u) (B, C, H, W); w broadcasts
-        to y's shape (the operator passes w = 1/(Φ + ρ), 0 where Φ + ρ = 0)."""
+        (x, u) with u = y − A z (B, 1, H, W') and x = z + Aᵀ(w ⊙ u) (B, C, H, W), x written into
+        ``out`` when given (which may be z itself); w broadcasts to y's shape (the operator passes
+        w = 1/(Φ + ρ), 0 where Φ + ρ = 0)."""
         return None
 
     def pinv(self, y, w, mask, g: Geometry, out=None):

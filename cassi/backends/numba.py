@@ -210,12 +210,12 @@ class NumbaBackend(Backend):
         """Aᵀ(w ⊙ y), w = 1/Φ (0 where Φ = 0): (B, 1, H, W+Δ) -> (B, C, H, W)."""
         return self._adjoint(y, w, mask, g, out)
 
-    def data_step(self, z, y, w, mask, g):
-        """(x, u): u = y − A z (B, 1, H, W+Δ), x = z + Aᵀ(w ⊙ u) (B, C, H, W)."""
+    def data_step(self, z, y, w, mask, g, out=None):
+        """(x, u): u = y − A z (B, 1, H, W+Δ), x = z + Aᵀ(w ⊙ u) (B, C, H, W), into ``out`` if given."""
         self._dtype(z)
         rows = _rows(z)
         B, _, H, _ = z.shape
-        x, xn = _dest(None, z.shape, z, rows)
+        x, xn = _dest(out, z.shape, z, rows)
         u, un = _dest(None, (B, 1, H, g.out_width), z, rows)
         k, a, f = _taps(g, z.dtype)
         zn, yn, mn, wn = _np(z, rows), _np(y, rows), _np(mask, rows), _weights(w, y, rows)
@@ -227,7 +227,7 @@ class NumbaBackend(Backend):
             # a task's block of z (R × C × W) is read twice: ≤ 512 KB, so that the second read hits L2
             cap = max(1, 2 ** 19 // (g.bands * g.width * z.element_size()))
             _run("step_w", zn, yn, wn, mn, k, a, f, xn, un, _rows_per_task(B, H, cap))
-        return x, u
+        return _finish(x, out), u
 
 
 def tv_denoise(f: torch.Tensor, out: torch.Tensor, weight: float, iters: int) -> bool:

@@ -54,10 +54,10 @@ class StridedBackend(Backend):
         x = empty((B, g.bands, H, g.width), y) if out is None else out
         return _adjoint(y, mask, g, x)
 
-    def data_step(self, z, y, w, mask, g):
+    def data_step(self, z, y, w, mask, g, out=None):
         u = self.forward(z, mask, g)
         torch.sub(y, u, out=u)  # u = y − A z
-        return _adjoint(u * w, mask, g, empty(z.shape, z), z), u
+        return _adjoint(u * w, mask, g, empty(z.shape, z) if out is None else out, z), u
 
 
 def _adjoint(y, mask, g, x, z=None):
@@ -71,9 +71,11 @@ def _adjoint(y, mask, g, x, z=None):
         sb, _, sh, sw = y.stride()
         view = y.as_strided((B, C, H, W), (sb, g.step * sw, sh, sw), y.storage_offset())
         return put(view, mask, x, z)
+    # x_c holds the interpolated window until the mask is applied, unless x is z (an in-place step)
+    tmp = torch.empty_like(x[:, 0]) if z is not None and x.data_ptr() == z.data_ptr() else None
     for c, (k, f) in enumerate(zip(g.shifts, g.fracs)):
         src = y[:, 0, :, k : k + W]
         if f:  # (1−f)·y[w+k] + f·y[w+k+1] into x_c, then the mask in place (measured faster than blocks)
-            src = torch.lerp(src, y[:, 0, :, k + 1 : k + 1 + W], f, out=x[:, c])
+            src = torch.lerp(src, y[:, 0, :, k + 1 : k + 1 + W], f, out=x[:, c] if tmp is None else tmp)
         put(src, _band(mask, slice(None), c, slice(None)), x[:, c], None if z is None else z[:, c])
     return x

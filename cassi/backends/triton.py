@@ -167,11 +167,11 @@ class TritonBackend(Backend):
     def pinv(self, y, w, mask, g, out=None):
         return self._adjoint(y, w, mask, g, out)
 
-    def data_step(self, z, y, w, mask, g):
+    def data_step(self, z, y, w, mask, g, out=None):
         self.check(g, z.device)
         B, C, H, W = z.shape
         WY = g.out_width
-        x = empty(z.shape, z)
+        x = empty(z.shape, z) if out is None else out  # any strides; element-wise, so out may be z
         u = torch.empty(B, 1, H, WY, dtype=_acc(z.dtype), device=z.device)
         m = mask.expand(B, C, H, W)
         s = w.expand(B, 1, H, WY)
