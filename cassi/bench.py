@@ -218,7 +218,7 @@ def _f(v, fmt=".2f") -> str:
 def markdown(rows: list[Row], threads: int, device: str) -> str:
     lines = [
         f"threads: {threads}, device: {device}. ms = median; {FLOOR}; × seed = seed loop (fresh) / this (fresh); "
-        "GB/s = bytes moved / ms (out=, fresh for the data step); peak = extra resident MB during A with a fresh output.",
+        "GB/s = bytes moved / ms (out=); peak = extra resident MB during A with a fresh output.",
         "",
         "| case | backend | map | MB moved | ms (fresh) | ms (out=) | × floor (fresh) | × floor (out=) | × seed loop "
         "| GB/s | peak extra MB (A) |",
