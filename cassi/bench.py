@@ -2,7 +2,7 @@
 
 For each case (B, C, H, W, step) and backend it times A, Aᵀ, A then Aᵀ and the data step
 z + Aᵀ((y − A z) ⊘ (Φ + ρ)) (median of ``repeats`` after ``warmup``), once with fresh outputs
-and once with caller-given ``out=`` buffers (the data step has no ``out=``). In the same run it times
+and once with caller-given ``out=`` buffers. In the same run it times
 
 * the **copy floor** of each map: ``dst.copy_(src)`` of a buffer of half the bytes the map must
   move, so that the copy reads + writes exactly those bytes (``bytes_moved``): A reads x and the

@@ -472,13 +472,17 @@ class _Wrong(Backend):
         return x
 
     def data_step(self, z, y, w, mask, g, out=None):
-        if self.defect != "step-ignores-out":
+        if not self.defect.startswith("step-"):
             return None
         u = y - self.ref.forward(z, mask, g)
-        return z + self.ref.adjoint(u * w, mask, g), u  # right values, but never written into out
+        r = self.ref.adjoint(u * w, mask, g)
+        if self.defect == "step-ignores-out" or out is None:
+            return z + r, u  # right values, but never written into out
+        out.zero_()  # step-clobbers-z: right into a separate buffer, wrong in place (out = z is zeroed first)
+        return out.add_(z).add_(r), u
 
 
-DEFECTS = ("raises", "scaled", "shifted", "ignores-out", "step-ignores-out")
+DEFECTS = ("raises", "scaled", "shifted", "ignores-out", "step-ignores-out", "step-clobbers-z")
 
 
 @pytest.mark.parametrize("axis", ["w", "h"])

@@ -18,8 +18,8 @@ DEFAULT_CANDIDATES = ("numba", "triton", "strided", "scatter", "fold", "loop")
 class AutoBackend(Backend):
     """Chooses among ``candidates`` on the first call for each (device, dtype, x shape, mask shape,
     geometry, layout): first every candidate that supports the case is **checked** on a small problem
-    of the same geometry, dtype, device, layout and mask kind (``verify``): A, Aᵀ (fresh and into
-    ``out=`` buffers), pinv and the data step must equal the ``loop`` reference (computed in float64
+    of the same geometry, dtype, device, layout and mask kind (``verify``): A, Aᵀ and the data step (fresh,
+    into ``out=`` buffers, the step also in place) and pinv must equal the ``loop`` reference (computed in float64
     on CPU) and satisfy ⟨A x, y⟩ = ⟨x, Aᵀ y⟩; a candidate that raises or differs is dropped and
     logged with the reason (``rejected``). The others are timed (forward + adjoint) and the fastest
     is kept. Choices are cached per process, readable with ``choice(...)``."""
@@ -126,8 +126,8 @@ def verify(cand: Backend, x: torch.Tensor, mask: torch.Tensor, g: Geometry, rows
 
     The small problem keeps what a kernel may depend on: the offsets, dtype, device, memory layout
     (axis "h" arrives as a transposed view), the mask kind (per batch, per band) and a batch of up to
-    2, with ``rows`` rows and a width of min(W, 2Δ + 5). A, Aᵀ, pinv and the data step (fresh, and into
-    NaN-filled ``out=`` buffers) z + Aᵀ(w ⊙ (y − A z)) are compared with ``loop`` in float64 on
+    2, with ``rows`` rows and a width of min(W, 2Δ + 5). A, Aᵀ and the data step z + Aᵀ(w ⊙ (y − A z))
+    (fresh, into NaN-filled ``out=`` buffers, and the step in place, out = z) and pinv are compared with ``loop`` in float64 on
     CPU (``tolerance``, relative to the largest value), and ⟨A x, y⟩ with ⟨x, Aᵀ y⟩.
     """
     from cassi.backends.loop import LoopBackend
@@ -164,9 +164,11 @@ def verify(cand: Backend, x: torch.Tensor, mask: torch.Tensor, g: Geometry, rows
         got["A out="], got["At out="] = yo, xo  # the buffers must hold the results
         expect["A out="], expect["At out="] = expect["A"], expect["At"]
         if step is not None:
-            so = torch.full_like(xs, float("nan"))
+            so, zs = torch.full_like(xs, float("nan")), xs.clone()
             cand.data_step(xs, ys, ws, m, gs, out=so)
-            got["step out="], expect["step out="] = so, expect["step"]
+            cand.data_step(zs, ys, ws, m, gs, out=zs)
+            got["step out="], got["step in place"] = so, zs
+            expect["step out="] = expect["step in place"] = expect["step"]
     except UnsupportedGeometry as e:
         return f"unsupported: {e}"
     except Exception as e:  # noqa: BLE001 - any failure disqualifies the candidate
