@@ -285,8 +285,8 @@ class CASSI(nn.Module):
         ρ = 0 is the GAP projection onto {A x = y}. ρ may be a tensor that broadcasts against
         (B, 1, 1, 1) (per-sample, learned; autograd flows into it). Exact for integer offsets; a
         majorised step for fractional ones. Backends with a fused step (``numba``, ``strided``,
-        ``triton``) compute it in one call, without the composed path's temporaries. ``out`` (not differentiable) receives x and may be
-        z itself. (B, C, H, W), (B, 1, H, W+Δ) -> (B, C, H, W).
+        ``triton``) compute it in one call, without the composed path's temporaries. ``out`` (not
+        differentiable) receives x and may be z itself. (B, C, H, W), (B, 1, H, W+Δ) -> (B, C, H, W).
         """
         self._check(z, "z", self.x_shape, out)
         self._check(y, "y", self.y_shape, out)

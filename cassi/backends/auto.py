@@ -127,8 +127,8 @@ def verify(cand: Backend, x: torch.Tensor, mask: torch.Tensor, g: Geometry, rows
     The small problem keeps what a kernel may depend on: the offsets, dtype, device, memory layout
     (axis "h" arrives as a transposed view), the mask kind (per batch, per band) and a batch of up to
     2, with ``rows`` rows and a width of min(W, 2Δ + 5). A, Aᵀ and the data step z + Aᵀ(w ⊙ (y − A z))
-    (fresh, into NaN-filled ``out=`` buffers, and the step in place, out = z) and pinv are compared with ``loop`` in float64 on
-    CPU (``tolerance``, relative to the largest value), and ⟨A x, y⟩ with ⟨x, Aᵀ y⟩.
+    (fresh, into NaN-filled ``out=`` buffers, and the step in place, out = z) and pinv are compared with
+    ``loop`` in float64 on CPU (``tolerance``, relative to the largest value), and ⟨A x, y⟩ with ⟨x, Aᵀ y⟩.
     """
     from cassi.backends.loop import LoopBackend
 
