@@ -1,5 +1,6 @@
 """The benchmark's floor: the bytes each map must move, and a copy that moves exactly those."""
 import pytest
+import torch
 
 from cassi import bench
 
@@ -34,8 +35,25 @@ def test_copy_floor_moves_the_maps_bytes(monkeypatch):
 
     monkeypatch.setattr(bench, "_median_ms", spy)
     for n in (bench.bytes_moved("A", X, Y, M), 1000, 12):
+        seen.clear()
         bench.copy_floor_ms(n, 1, 0, "cpu", lambda: None)
-        assert n - 8 < 2 * seen[-1].numel() * seen[-1].element_size() <= n
+        assert len(seen) == (1 if bench._stream_copy() is None else 2)  # torch's copy_ and the streaming copy
+        for dst in seen:
+            assert n - 8 < 2 * dst.numel() * dst.element_size() <= n
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 1000, 3 * (1 << 16) + 7])
+def test_streaming_copy_copies_every_element(n):
+    """The floor's non-temporal copy: a plain head up to the 64-byte boundary, 64-byte stores, a plain tail,
+    over chunks; an offset view starts off the boundary."""
+    stream = bench._stream_copy()
+    if stream is None:
+        pytest.skip("numba is not installed")
+    src, buf = torch.rand(n + 3), torch.empty(n + 3)
+    for off in (0, 3):
+        s, dst = src[off:off + n], buf[off:off + n].fill_(float("nan"))
+        assert stream(dst, s) is dst
+        assert torch.equal(dst, s)
 
 
 def test_run_case_rows_carry_the_floor(monkeypatch):

@@ -76,6 +76,38 @@ def test_every_row_block_size_equals_loop(monkeypatch, rows, forked):
     torch.testing.assert_close(op.data_step(x, y, 0.2), ref.data_step(x, y, 0.2))
 
 
+@pytest.mark.parametrize("forked", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [37, 64])
+@pytest.mark.parametrize("geom", ["step2", "frac"])
+def test_streamed_stores_equal_loop(monkeypatch, geom, width, dtype, forked):
+    """Aᵀ and pinv writing x with non-temporal stores (what a cube larger than the last-level cache gets): rows
+    of 37 start off the 64-byte boundary (a plain head, 64-byte stores, a plain tail), rows of 64 on it; into a
+    fresh buffer and into out=, equal to loop's, in the parallel kernels and in the serial twins."""
+    monkeypatch.setattr(nb, "_streams", lambda t: True)
+    monkeypatch.setattr(nb, "_FORKED", forked)
+    g = torch.Generator().manual_seed(3)
+    mask = (torch.rand(H, width, generator=g) > 0.4).to(dtype)
+    kw = {"step": 2} if geom == "step2" else {"step": 1.5}
+    op, ref = (CASSI(mask, bands=C, backend=b, **kw) for b in ("numba", "loop"))
+    y = rand((B, *op.y_shape), dtype)
+    torch.testing.assert_close(op.adjoint(y), ref.adjoint(y))
+    torch.testing.assert_close(op.pinv(y), ref.pinv(y))
+    out = torch.full((B, C, H, width), float("nan"), dtype=dtype)
+    assert op.adjoint(y, out=out) is out
+    torch.testing.assert_close(out, ref.adjoint(y))
+    torch.testing.assert_close(op.data_step(out, y, 0.2), ref.data_step(out, y, 0.2))  # the step: plain stores
+
+
+def test_only_cubes_larger_than_the_cache_are_streamed(monkeypatch):
+    """A solver's cache-sized x is written through the cache (its next step reads it back from there); a cube
+    larger than the last-level cache is streamed."""
+    assert nb._last_level_cache() >= 2**16  # the real query finds a cache (or assumes 32 MiB)
+    monkeypatch.setattr(nb, "_last_level_cache", lambda: 1000)
+    assert not nb._streams(torch.zeros(250)) and nb._streams(torch.zeros(251))
+    assert nb._streams(torch.zeros(126, dtype=torch.float64))
+
+
 def test_refuses_other_devices_and_a_missing_numba(monkeypatch):
     g = make_op("2d", "step2", "w", "loop").geometry
     with pytest.raises(UnsupportedGeometry, match="CPU only"):

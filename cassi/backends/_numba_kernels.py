@@ -24,9 +24,16 @@ by a ``prange`` loop (``parallel=True``; the caller sets the threads with ``numb
 or by a plain loop (its ``*_serial`` twin, for forked children, where numba's OpenMP layer aborts);
 ``cache=True``: compiled code is kept on disk (the ``__pycache__`` beside this file, or
 ``NUMBA_CACHE_DIR``), so a second process does not recompile.
+
+Along w, Aᵀ (and ``pinv``) can write x with non-temporal stores (``nt``: each row computed into a scratch row,
+then ``_stream``-ed; the caller asks for it when x exceeds the last-level cache): they skip the read for
+ownership of x's lines (docs/benchmarks.md, "Non-temporal stores": Aᵀ 4.4 against 5.6–8.2 ms on the seed case
+at two threads). The data step keeps plain stores (streamed ones made it slower, measured).
 """
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 _JIT = dict(parallel=True, cache=True, nogil=True, fastmath=False, boundscheck=False)
 _SERIAL = dict(cache=True, nogil=True, fastmath=False, boundscheck=False)  # forked children, 1 thread
@@ -34,6 +41,46 @@ _HELPER = dict(cache=True, nogil=True, fastmath=False, boundscheck=False, inline
 
 
 _CB = 4  # bands per pass: a task streams this many x rows at a time
+
+
+@intrinsic
+def _nt_store(typingctx, dst, i, src, j):
+    """dst[i:i+V] = src[j:j+V], V = 64 bytes / itemsize, as one non-temporal vector store (it bypasses the
+    caches: no read-for-ownership of dst's line); dst + i must be 64-byte aligned."""
+    def codegen(context, builder, signature, args):
+        d, ii, s, jj = args
+        dst_a = context.make_array(signature.args[0])(context, builder, d)
+        src_a = context.make_array(signature.args[2])(context, builder, s)
+        scalar = context.get_data_type(signature.args[0].dtype)
+        vec = ir.VectorType(scalar, 64 // context.get_abi_sizeof(scalar)).as_pointer()
+        v = builder.load(builder.bitcast(builder.gep(src_a.data, [jj]), vec), align=context.get_abi_sizeof(scalar))
+        st = builder.store(v, builder.bitcast(builder.gep(dst_a.data, [ii]), vec), align=64)
+        st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+    return types.void(dst, i, src, j), codegen
+
+
+@intrinsic
+def _fence(typingctx):
+    """A full memory fence: orders a task's non-temporal stores before the kernel returns."""
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+    return types.void(), codegen
+
+
+@njit(**_HELPER)
+def _stream(dst, src):
+    """dst[:] = src[:] (1-D, same dtype): plain stores up to dst's first 64-byte boundary and after its last,
+    non-temporal 64-byte stores in between."""
+    n, size = dst.shape[0], dst.itemsize
+    v = 64 // size
+    w = min(n, ((-dst.ctypes.data) & 63) // size)
+    for j in range(w):
+        dst[j] = src[j]
+    while w + v <= n:
+        _nt_store(dst, w, src, w)
+        w += v
+    for j in range(w, n):
+        dst[j] = src[j]
 
 
 @njit(**_HELPER)
@@ -66,33 +113,44 @@ def _accumulate(acc, x3, m3, h0, k, a, f):
 
 
 @njit(**_HELPER)
-def _spread(rr, x3, m3, h0, c0, c1, k, a, f, z3, add):
+def _spread_row(xr, zr, mr, r0, r1, ac, fc, add):
+    """xr = (zr +) mr ⊙ (a_c·r0 + f_c·r1) (f_c = 0: r0 alone), one x row (W,)."""
+    W = xr.shape[0]
+    if add:
+        if fc == 0:
+            for w in range(W):
+                xr[w] = zr[w] + mr[w] * r0[w]
+        else:
+            for w in range(W):
+                xr[w] = zr[w] + mr[w] * (ac * r0[w] + fc * r1[w])
+    elif fc == 0:
+        for w in range(W):
+            xr[w] = mr[w] * r0[w]
+    else:
+        for w in range(W):
+            xr[w] = mr[w] * (ac * r0[w] + fc * r1[w])
+
+
+@njit(**_HELPER)
+def _spread(rr, x3, m3, h0, c0, c1, k, a, f, z3, add, tmp, nt):
     """x3[c, h0 + r, :] = (z3[c, h0 + r, :] +) M_c[h0 + r, :] ⊙ window_c(rr[r]) for bands c0 ≤ c < c1 and
-    every row r < R; rr (R, W+Δ). Rows outer, the band group inner (a few x rows written at once)."""
+    every row r < R; rr (R, W+Δ). Rows outer, the band group inner (a few x rows written at once). With
+    ``nt`` each x row is computed into ``tmp`` (W,), then streamed to x with non-temporal stores (a separate
+    call site: one loop that may write either lost its vectorisation, 2.5× slower, measured)."""
     W = x3.shape[2]
     Cm = m3.shape[0]
     for r in range(rr.shape[0]):
         h = h0 + r
         for c in range(c0, c1):
-            xr = x3[c, h]
-            mr = m3[c if Cm > 1 else 0, h]
-            kc, fc, ac = k[c], f[c], a[c]
+            mr, zr = m3[c if Cm > 1 else 0, h], z3[c, h]
+            kc = k[c]
             r0 = rr[r, kc:kc + W]
             r1 = rr[r, kc + 1:kc + 1 + W]  # read only when f_c ≠ 0 (then k_c + W < W + Δ)
-            if add:
-                zr = z3[c, h]
-                if fc == 0:
-                    for w in range(W):
-                        xr[w] = zr[w] + mr[w] * r0[w]
-                else:
-                    for w in range(W):
-                        xr[w] = zr[w] + mr[w] * (ac * r0[w] + fc * r1[w])
-            elif fc == 0:
-                for w in range(W):
-                    xr[w] = mr[w] * r0[w]
+            if nt:
+                _spread_row(tmp, zr, mr, r0, r1, a[c], f[c], add)
+                _stream(x3[c, h], tmp)
             else:
-                for w in range(W):
-                    xr[w] = mr[w] * (ac * r0[w] + fc * r1[w])
+                _spread_row(x3[c, h], zr, mr, r0, r1, a[c], f[c], add)
 
 
 # ----------------------------------------------------------------------------- dispersion along w
@@ -110,13 +168,17 @@ def _fwd_w_task(i, x, m, k, a, f, y, R):
 
 
 @njit(**_HELPER)
-def _adj_w_task(i, y, m, k, a, f, x, z, add, R):
+def _adj_w_task(i, y, m, k, a, f, x, z, add, R, nt):
     C, H = x.shape[1], x.shape[2]
     nb, ng = (H + R - 1) // R, (C + _CB - 1) // _CB
     b, j = i // (ng * nb), i % (ng * nb)
     c0, h0 = (j // nb) * _CB, (j % nb) * R
     h1 = min(H, h0 + R)
-    _spread(y[b, 0, h0:h1], x[b], m[b if m.shape[0] > 1 else 0], h0, c0, min(C, c0 + _CB), k, a, f, z[b], add)
+    tmp = np.empty(x.shape[3], dtype=x.dtype)
+    _spread(y[b, 0, h0:h1], x[b], m[b if m.shape[0] > 1 else 0], h0, c0, min(C, c0 + _CB), k, a, f, z[b], add,
+            tmp, nt)
+    if nt:
+        _fence()
 
 
 @njit(**_JIT)
@@ -133,17 +195,17 @@ def fwd_w_serial(x, m, k, a, f, y, R):
 
 
 @njit(**_JIT)
-def adj_w(y, m, k, a, f, x, z, add, R):
+def adj_w(y, m, k, a, f, x, z, add, R, nt):
     """x = (z +) Aᵀ y: y (B, 1, H, W+Δ) -> x (B, C, H, W), one task per (sample, group of ``_CB`` bands, block
-    of R rows)."""
+    of R rows); ``nt``: x written with non-temporal stores."""
     for i in prange(x.shape[0] * ((x.shape[1] + _CB - 1) // _CB) * ((x.shape[2] + R - 1) // R)):
-        _adj_w_task(i, y, m, k, a, f, x, z, add, R)
+        _adj_w_task(i, y, m, k, a, f, x, z, add, R, nt)
 
 
 @njit(**_SERIAL)
-def adj_w_serial(y, m, k, a, f, x, z, add, R):
+def adj_w_serial(y, m, k, a, f, x, z, add, R, nt):
     for i in range(x.shape[0] * ((x.shape[1] + _CB - 1) // _CB) * ((x.shape[2] + R - 1) // R)):
-        _adj_w_task(i, y, m, k, a, f, x, z, add, R)
+        _adj_w_task(i, y, m, k, a, f, x, z, add, R, nt)
 
 
 @njit(**_HELPER)
@@ -160,8 +222,8 @@ def _step_w_task(i, z, y, wt, m, k, a, f, x, u, R):
         for j in range(acc.shape[1]):
             ur[r, j] = yr[r, j] - acc[r, j]
             acc[r, j] = wr[r, j] * ur[r, j]
-    for c0 in range(0, C, _CB):
-        _spread(acc, x[b], mb, h0, c0, min(C, c0 + _CB), k, a, f, z[b], True)
+    for c0 in range(0, C, _CB):  # plain stores (streamed ones were 5–35 % slower here, measured): no scratch row
+        _spread(acc, x[b], mb, h0, c0, min(C, c0 + _CB), k, a, f, z[b], True, acc[0], False)
 
 
 @njit(**_JIT)

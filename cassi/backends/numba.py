@@ -19,6 +19,9 @@ two passes (u first, then x).
   set both; in a forked child each kernel's serial twin runs (compiled there, or loaded from the on-disk cache,
   on its first call). numba's threading
   layer is OpenMP where it can load (one thread pool with torch's, see ``_kernels``).
+* Stores: Aᵀ and ``pinv`` write an x larger than the last-level cache with non-temporal stores (``_streams``),
+  which skip reading x's lines before writing them; a cache-sized x (a solver's cube) is written through the
+  cache, where its next step reads it.
 * Compilation: a few seconds per dtype and layout on first use; ``cache=True`` keeps the machine
   code on disk (``cassi/backends/__pycache__``, or ``NUMBA_CACHE_DIR``), so a later process loads
   it instead of compiling. ``import cassi`` does not import numba: the kernels are imported on the
@@ -26,6 +29,7 @@ two passes (u first, then x).
 """
 from __future__ import annotations
 
+import glob
 import os
 import threading
 from functools import lru_cache
@@ -137,6 +141,26 @@ def _rows_per_task(outer: int, H: int, cap: int) -> int:
     return max(1, min(cap, -(-H // blocks)))
 
 
+@lru_cache(maxsize=1)
+def _last_level_cache() -> int:
+    """Bytes of the CPU's largest cache (Linux sysfs; 32 MiB where it cannot be read)."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+            sizes.append(int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1))
+        except (OSError, ValueError):
+            pass
+    return max(sizes, default=32 * 2**20)
+
+
+def _streams(t: torch.Tensor) -> bool:
+    """Write x with non-temporal stores: only when it cannot stay in the last-level cache anyway (a solver's
+    next step reads a cache-sized x back from cache; streamed, it would come from memory)."""
+    return t.numel() * t.element_size() > _last_level_cache()
+
+
 def _taps(g, dtype: torch.dtype):
     """(k, a, f) per band as numpy arrays: integer shift, weights 1 − f and f in the data's dtype."""
     import numpy as np
@@ -199,7 +223,8 @@ class NumbaBackend(Backend):
         else:
             groups = -(-g.bands // _kernels()._CB)
             # a task's y rows (R × (W+Δ)) are read once per band group: ≤ 64 rows keep them in L2
-            _run("adj_w", yn, _np(mask, rows), k, a, f, xn, xn, False, _rows_per_task(B * groups, H, 64))
+            _run("adj_w", yn, _np(mask, rows), k, a, f, xn, xn, False, _rows_per_task(B * groups, H, 64),
+                 _streams(x))
         return _finish(x, out)
 
     def adjoint(self, y, mask, g, out=None):
