@@ -152,7 +152,7 @@ def _stream_copy():
     cache, and the numba backend writes large x this way: a floor must be the fastest copy of the bytes."""
     from cassi.backends import numba as nb
 
-    if not nb.available():
+    if not nb.available() or nb._FORKED:  # a forked child cannot run numba's OpenMP kernels
         return None
     import numba
 
@@ -167,8 +167,12 @@ def _stream_copy():
             _fence()
 
     def run(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        copy(dst.numpy(), src.numpy())
+        if not (dst.is_contiguous() and src.is_contiguous() and dst.dim() == src.dim() == 1
+                and dst.dtype == src.dtype == torch.float32 and dst.numel() == src.numel()):
+            raise ValueError("the streaming copy takes two contiguous 1-D float32 tensors of one size")
+        with nb._LOCK:
+            numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+            copy(dst.numpy(), src.numpy())
         return dst
 
     return run
@@ -177,7 +181,7 @@ def _stream_copy():
 def copy_floor_ms(nbytes: int, repeats: int, warmup: int, device: str, sync) -> float:
     """Median ms of the faster copy that reads nbytes/2 and writes nbytes/2 (read + write = nbytes): torch's
     ``copy_`` or, on CPU, the non-temporal ``_stream_copy``."""
-    src = torch.rand(max(1, nbytes // 8), device=device)
+    src = torch.rand(max(1, nbytes // 8), device=device, dtype=torch.float32)
     dst = torch.zeros_like(src)
     times = [_median_ms(lambda: dst.copy_(src), repeats, warmup, sync)]
     stream = _stream_copy() if device == "cpu" else None

@@ -54,6 +54,8 @@ def test_streaming_copy_copies_every_element(n):
         s, dst = src[off:off + n], buf[off:off + n].fill_(float("nan"))
         assert stream(dst, s) is dst
         assert torch.equal(dst, s)
+    with pytest.raises(ValueError, match="contiguous 1-D float32"):
+        stream(buf[::2], src[::2])  # strided: the streamed stores would ignore the stride
 
 
 def test_run_case_rows_carry_the_floor(monkeypatch):

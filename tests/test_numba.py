@@ -3,6 +3,7 @@ buffers, dtypes and devices it refuses (and auto's fallback), threads, the on-di
 safety. Geometry-by-geometry equality with loop, gradcheck and the fused data step are in
 test_operator.py (parametrised over backends)."""
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -97,6 +98,31 @@ def test_streamed_stores_equal_loop(monkeypatch, geom, width, dtype, forked):
     assert op.adjoint(y, out=out) is out
     torch.testing.assert_close(out, ref.adjoint(y))
     torch.testing.assert_close(op.data_step(out, y, 0.2), ref.data_step(out, y, 0.2))  # the step: plain stores
+
+
+@pytest.mark.parametrize("streams", [False, True])
+def test_adjoint_asks_for_streamed_stores_exactly_when_x_exceeds_the_cache(monkeypatch, streams):
+    """Aᵀ and pinv pass ``_streams(x)`` to the kernel; the data step never streams; and the compiled kernel does
+    contain non-temporal stores (x86-64: ``movnt``), so a lost ``!nontemporal`` would show."""
+    monkeypatch.setattr(nb, "_streams", lambda t: streams)
+    calls = []
+    real = nb._run
+    monkeypatch.setattr(nb, "_run", lambda name, *args: (calls.append((name, args[-1])), real(name, *args))[1])
+    op = make_op("2d", "step2", "w", "numba", torch.float32)
+    x, y = rand((B, *op.x_shape), torch.float32), rand((B, *op.y_shape), torch.float32)
+    op.adjoint(y), op.pinv(y), op.data_step(x, y, 0.2)
+    assert [c for c in calls if c[0] == "adj_w"] == [("adj_w", streams)] * 2
+    assert [c[0] for c in calls if c[0] == "step_w"] == ["step_w"]  # its last argument is R: no streaming flag
+    if streams and platform.machine() in ("x86_64", "AMD64"):  # the kernels' cached code cannot be inspected:
+        import numba  # compile the row streamer afresh and look at its machine code
+        import numpy as np
+
+        row = nb._kernels()._stream
+        stream = numba.njit(cache=False)(lambda d, s: row(d, s))
+        d, s = np.zeros(100, np.float32), np.arange(100, dtype=np.float32)
+        stream(d, s)
+        assert np.array_equal(d, s)
+        assert any("movnt" in asm for asm in stream.inspect_asm().values())
 
 
 def test_only_cubes_larger_than_the_cache_are_streamed(monkeypatch):

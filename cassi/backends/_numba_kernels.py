@@ -46,7 +46,13 @@ _CB = 4  # bands per pass: a task streams this many x rows at a time
 @intrinsic
 def _nt_store(typingctx, dst, i, src, j):
     """dst[i:i+V] = src[j:j+V], V = 64 bytes / itemsize, as one non-temporal vector store (it bypasses the
-    caches: no read-for-ownership of dst's line); dst + i must be 64-byte aligned."""
+    caches: no read-for-ownership of dst's line); dst + i must be 64-byte aligned. Only for contiguous 1-D
+    arrays of one float dtype (anything else does not type: the store ignores strides)."""
+    arrays = isinstance(dst, types.Array) and isinstance(src, types.Array)
+    if not (arrays and dst.ndim == src.ndim == 1 and dst.layout == src.layout == "C" and dst.dtype == src.dtype
+            and dst.dtype in (types.float32, types.float64)):
+        return None
+
     def codegen(context, builder, signature, args):
         d, ii, s, jj = args
         dst_a = context.make_array(signature.args[0])(context, builder, d)
@@ -74,6 +80,8 @@ def _stream(dst, src):
     n, size = dst.shape[0], dst.itemsize
     v = 64 // size
     w = min(n, ((-dst.ctypes.data) & 63) // size)
+    if dst.ctypes.data % size:  # not aligned to its own element size: no 64-byte boundary to reach
+        w = n
     for j in range(w):
         dst[j] = src[j]
     while w + v <= n:
@@ -135,8 +143,8 @@ def _spread_row(xr, zr, mr, r0, r1, ac, fc, add):
 def _spread(rr, x3, m3, h0, c0, c1, k, a, f, z3, add, tmp, nt):
     """x3[c, h0 + r, :] = (z3[c, h0 + r, :] +) M_c[h0 + r, :] ⊙ window_c(rr[r]) for bands c0 ≤ c < c1 and
     every row r < R; rr (R, W+Δ). Rows outer, the band group inner (a few x rows written at once). With
-    ``nt`` each x row is computed into ``tmp`` (W,), then streamed to x with non-temporal stores (a separate
-    call site: one loop that may write either lost its vectorisation, 2.5× slower, measured)."""
+    ``nt`` each x row is computed into ``tmp`` (W,), then streamed to x with non-temporal stores (from a call
+    site of its own: one loop that wrote either ``tmp`` or the x row, chosen at run time, was not vectorised)."""
     W = x3.shape[2]
     Cm = m3.shape[0]
     for r in range(rr.shape[0]):
@@ -174,7 +182,7 @@ def _adj_w_task(i, y, m, k, a, f, x, z, add, R, nt):
     b, j = i // (ng * nb), i % (ng * nb)
     c0, h0 = (j // nb) * _CB, (j % nb) * R
     h1 = min(H, h0 + R)
-    tmp = np.empty(x.shape[3], dtype=x.dtype)
+    tmp = np.empty(x.shape[3] if nt else 0, dtype=x.dtype)  # the streamed row's scratch
     _spread(y[b, 0, h0:h1], x[b], m[b if m.shape[0] > 1 else 0], h0, c0, min(C, c0 + _CB), k, a, f, z[b], add,
             tmp, nt)
     if nt:
@@ -222,7 +230,7 @@ def _step_w_task(i, z, y, wt, m, k, a, f, x, u, R):
         for j in range(acc.shape[1]):
             ur[r, j] = yr[r, j] - acc[r, j]
             acc[r, j] = wr[r, j] * ur[r, j]
-    for c0 in range(0, C, _CB):  # plain stores (streamed ones were 5–35 % slower here, measured): no scratch row
+    for c0 in range(0, C, _CB):  # plain stores (streamed ones were slower in 5 of 6 runs): no scratch row
         _spread(acc, x[b], mb, h0, c0, min(C, c0 + _CB), k, a, f, z[b], True, acc[0], False)
 
 
