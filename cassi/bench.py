@@ -170,9 +170,7 @@ def _stream_copy():
         if not (dst.is_contiguous() and src.is_contiguous() and dst.dim() == src.dim() == 1
                 and dst.dtype == src.dtype == torch.float32 and dst.numel() == src.numel()):
             raise ValueError("the streaming copy takes two contiguous 1-D float32 tensors of one size")
-        with nb._LOCK:
-            numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-            copy(dst.numpy(), src.numpy())
+        nb._parallel(copy, dst.numpy(), src.numpy())
         return dst
 
     return run

@@ -77,11 +77,10 @@ def _fence(typingctx):
 def _stream(dst, src):
     """dst[:] = src[:] (1-D, same dtype): plain stores up to dst's first 64-byte boundary and after its last,
     non-temporal 64-byte stores in between."""
-    n, size = dst.shape[0], dst.itemsize
+    n, size, addr = dst.shape[0], dst.itemsize, dst.ctypes.data
     v = 64 // size
-    w = min(n, ((-dst.ctypes.data) & 63) // size)
-    if dst.ctypes.data % size:  # not aligned to its own element size: no 64-byte boundary to reach
-        w = n
+    # plain stores up to the 64-byte boundary; all of them if dst is off its own element alignment (none reached)
+    w = n if addr % size else min(n, ((-addr) & 63) // size)
     for j in range(w):
         dst[j] = src[j]
     while w + v <= n:

@@ -80,15 +80,21 @@ def _run(name: str, *args) -> None:
     calls are serialised (numba's workqueue layer, used where OpenMP and TBB are missing, must not be entered
     by two threads at once); serial ones take no lock (a child forked while another thread held it would wait
     on it forever)."""
-    import numba
-
     kernels = _kernels()
     if _FORKED:
         getattr(kernels, name + "_serial")(*args)
         return
+    _parallel(getattr(kernels, name), *args)
+
+
+def _parallel(kernel, *args) -> None:
+    """Run a parallel numba kernel with ``torch.get_num_threads()`` threads (capped at numba's pool), under the
+    lock (see ``_run``); never in a forked child."""
+    import numba
+
     with _LOCK:
         numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        getattr(kernels, name)(*args)
+        kernel(*args)
 
 
 @lru_cache(maxsize=1)
