@@ -1,4 +1,4 @@
-"""The benchmark's floor: the bytes each map must move, and a copy that moves exactly those."""
+"""The benchmark's floor: the bytes each map must read and write, and kernels that move exactly those."""
 import pytest
 import torch
 
@@ -13,49 +13,65 @@ def no_retries(monkeypatch):
 X, Y, M = 16 * 28 * 256 * 256 * 4, 16 * 256 * (256 + 54) * 4, 256 * 256 * 4
 
 
-def test_bytes_moved_per_map():
+def test_traffic_per_map():
     """A reads x and the mask and writes y; Aᵀ reads y and the mask and writes x; A then Aᵀ both;
-    the data step reads z, y and the mask and writes x."""
-    assert bench.bytes_moved("A", X, Y, M) == 117_440_512 + 5_079_040 + 262_144 == 122_781_696
-    assert bench.bytes_moved("At", X, Y, M) == 122_781_696
+    the data step reads z, y and the mask and writes x. bytes_moved is read + write."""
+    assert bench.traffic("A", X, Y, M) == (117_440_512 + 262_144, 5_079_040)
+    assert bench.traffic("At", X, Y, M) == (5_079_040 + 262_144, 117_440_512)
+    assert bench.traffic("A+At", X, Y, M) == (117_440_512 + 5_079_040 + 2 * 262_144, 117_440_512 + 5_079_040)
+    assert bench.traffic("step", X, Y, M) == (117_440_512 + 5_079_040 + 262_144, 117_440_512)
+    assert bench.bytes_moved("A", X, Y, M) == bench.bytes_moved("At", X, Y, M) == 122_781_696
     assert bench.bytes_moved("A+At", X, Y, M) == 2 * 122_781_696
     assert bench.bytes_moved("step", X, Y, M) == 2 * 117_440_512 + 5_079_040 + 262_144
     with pytest.raises(KeyError):
-        bench.bytes_moved("A x", X, Y, M)
+        bench.traffic("A x", X, Y, M)
 
 
-def test_copy_floor_moves_the_maps_bytes(monkeypatch):
-    """The floor copies a buffer of half the bytes: read + write = the map's bytes (to 8 bytes)."""
-    seen = []
+def test_floor_kernels_move_the_maps_bytes(monkeypatch):
+    """Both floor kernels (torch, and the numba pass where numba is installed) read the map's reads and write
+    its writes: the common part copied, every other element of dst written."""
+    calls = []
     real = bench._median_ms
 
     def spy(fn, repeats, warmup, sync):
-        seen.append(fn())  # the copy's destination
+        calls.append(fn)
         return real(fn, 1, 0, sync)
 
     monkeypatch.setattr(bench, "_median_ms", spy)
-    for n in (bench.bytes_moved("A", X, Y, M), 1000, 12):
-        seen.clear()
-        bench.copy_floor_ms(n, 1, 0, "cpu", lambda: None)
-        assert len(seen) == (1 if bench._stream_copy() is None else 2)  # torch's copy_ and the streaming copy
-        for dst in seen:
-            assert n - 8 < 2 * dst.numel() * dst.element_size() <= n
+    for read, write in (bench.traffic("A", 4000, 400, 40), bench.traffic("At", 4000, 400, 40), (1000, 1000),
+                        (12, 20)):
+        src, dst, n = bench._floor_buffers(read, write)
+        assert (src.numel() * 4, dst.numel() * 4, n) == (read // 4 * 4, write // 4 * 4, min(read, write) // 4)
+        calls.clear()
+        bench.floor_ms(read, write, 1, 0, "cpu", lambda: None)
+        assert len(calls) == (1 if bench._stream_pass() is None else 2)  # torch's kernel and the numba pass
+        for fn in calls:
+            dst = fn()
+            assert dst.numel() * 4 == write // 4 * 4
+            dst.fill_(float("nan"))
+            fn()
+            assert not dst.isnan().any()  # every byte it must write is written
 
 
-@pytest.mark.parametrize("n", [1, 15, 16, 1000, 3 * (1 << 16) + 7])
-def test_streaming_copy_copies_every_element(n):
-    """The floor's non-temporal copy: a plain head up to the 64-byte boundary, 64-byte stores, a plain tail,
-    over chunks; an offset view starts off the boundary."""
-    stream = bench._stream_copy()
+@pytest.mark.parametrize("n,extra_r,extra_w", [(1, 0, 0), (15, 0, 0), (1000, 0, 0), (3 * (1 << 16) + 7, 0, 0),
+                                               (100, 5000, 0), (100, 0, 9000), (0, 0, 70000)])
+def test_streaming_pass_copies_reads_and_writes(n, extra_r, extra_w):
+    """The numba pass: a plain head up to the 64-byte boundary, 64-byte non-temporal stores, a plain tail,
+    over tasks; an offset view starts off the boundary. The common part equals src, the rest of dst is the
+    fixed row's values (not NaN, not the old contents)."""
+    stream = bench._stream_pass()
     if stream is None:
         pytest.skip("numba is not installed")
-    src, buf = torch.rand(n + 3), torch.empty(n + 3)
+    src, buf = torch.rand(n + extra_r + 3), torch.empty(n + extra_w + 3)
     for off in (0, 3):
-        s, dst = src[off:off + n], buf[off:off + n].fill_(float("nan"))
-        assert stream(dst, s) is dst
-        assert torch.equal(dst, s)
+        s, dst = src[off:off + n + extra_r], buf[off:off + n + extra_w].fill_(float("nan"))
+        assert stream(dst, s, n) is dst
+        assert torch.equal(dst[:n], s[:n])
+        assert not dst[n:].isnan().any() and ((dst[n:] >= 0) & (dst[n:] < 1)).all()
     with pytest.raises(ValueError, match="contiguous 1-D float32"):
-        stream(buf[::2], src[::2])  # strided: the streamed stores would ignore the stride
+        stream(buf[::2], src[::2], 1)  # strided: the streamed stores would ignore the stride
+    with pytest.raises(ValueError, match="n ≤ their sizes"):
+        stream(buf, src, buf.numel() + 1)
 
 
 def test_run_case_rows_carry_the_floor(monkeypatch):
@@ -66,9 +82,9 @@ def test_run_case_rows_carry_the_floor(monkeypatch):
     for r in rows:
         assert r.mb_moved == pytest.approx(bench.bytes_moved(r.map, x, y, m) / 1e6)
         assert r.x_floor_fresh == pytest.approx(1.0)
-    assert {(r.backend, r.map) for r in rows} == {(b, k) for b in ("copy floor", "strided") for k in bench.MAPS}
+    assert {(r.backend, r.map) for r in rows} == {(b, k) for b in ("floor", "strided") for k in bench.MAPS}
     md = bench.markdown(rows, 2, "cpu")
-    assert "A and Aᵀ |x| + |y| + |M|" in md and md.count("| tiny |") == len(rows)
+    assert "A reads |x| + |M| and writes |y|" in md and md.count("| tiny |") == len(rows)
 
 
 def test_scaling_rows_and_plot(tmp_path):

@@ -40,7 +40,7 @@ _SERIAL = dict(cache=True, nogil=True, fastmath=False, boundscheck=False)  # for
 _HELPER = dict(cache=True, nogil=True, fastmath=False, boundscheck=False, inline="always")
 
 
-_CB = 4  # bands per pass: a task streams this many x rows at a time
+_CB = 4  # bands per pass: a task streams this many x rows at a time (``_accumulate`` sums four in one pass)
 
 
 @intrinsic
@@ -94,29 +94,54 @@ def _stream(dst, src):
 def _accumulate(acc, x3, m3, h0, k, a, f):
     """acc (R, W+Δ) += Σ_c taps of (M ⊙ x)_c[h0 + r, :] for every row r < R; x3 (C, H, W), m3 (Cm, H, W).
     Bands in groups of ``_CB``, the R rows inside a group, so that few x rows stream at once while acc stays
-    in cache. Every inner loop indexes slices with the loop counter alone: an index such as k_c + w, which
-    numba cannot prove non-negative, keeps its wrap-around branch and the loop is not vectorised (3.5×
-    slower, measured)."""
+    in cache. A group of four integer taps is summed in one pass over the columns where all four land
+    (``acc`` loaded and stored once per four bands, not once per band: A 3.6 against 3.9 ms on the seed case
+    at two threads, 7.1 against 7.7 at one, measured), its edges band by band. Every inner loop indexes slices
+    with the loop counter alone: an index such as k_c + w, which numba cannot prove non-negative, keeps its
+    wrap-around branch and the loop is not vectorised (3.5× slower, measured)."""
     C, W = x3.shape[0], x3.shape[2]
     Cm = m3.shape[0]
     for c0 in range(0, C, _CB):
+        four = c0 + 4 <= C and f[c0] == 0 and f[c0 + 1] == 0 and f[c0 + 2] == 0 and f[c0 + 3] == 0
+        if four:
+            k0, k1, k2, k3 = k[c0], k[c0 + 1], k[c0 + 2], k[c0 + 3]
+            lo, hi = max(max(k0, k1), max(k2, k3)), min(min(k0, k1), min(k2, k3)) + W
+            four = lo < hi
         for r in range(acc.shape[0]):
             h = h0 + r
+            ar = acc[r]
+            if four:
+                mc = c0 if Cm > 1 else 0
+                i1, i2, i3 = (c0 + 1, c0 + 2, c0 + 3) if Cm > 1 else (0, 0, 0)
+                x0, x1, x2, x3r = x3[c0, h], x3[c0 + 1, h], x3[c0 + 2, h], x3[c0 + 3, h]
+                m0, m1, m2, m3r = m3[mc, h], m3[i1, h], m3[i2, h], m3[i3, h]
+                dst = ar[lo:hi]
+                X0, X1, X2, X3 = x0[lo - k0:hi - k0], x1[lo - k1:hi - k1], x2[lo - k2:hi - k2], x3r[lo - k3:hi - k3]
+                M0, M1, M2, M3 = m0[lo - k0:hi - k0], m1[lo - k1:hi - k1], m2[lo - k2:hi - k2], m3r[lo - k3:hi - k3]
+                for t in range(hi - lo):
+                    dst[t] += (M0[t] * X0[t] + M1[t] * X1[t]) + (M2[t] * X2[t] + M3[t] * X3[t])
+                for c in range(c0, c0 + 4):  # the edges, where fewer than four bands land (scalar, short)
+                    kc, xr, mr = k[c], x3[c, h], m3[c if Cm > 1 else 0, h]
+                    for j in range(kc, lo):
+                        ar[j] += mr[j - kc] * xr[j - kc]
+                    for j in range(hi, kc + W):
+                        ar[j] += mr[j - kc] * xr[j - kc]
+                continue
             for c in range(c0, min(C, c0 + _CB)):
                 xr = x3[c, h]
                 mr = m3[c if Cm > 1 else 0, h]
                 kc, fc = k[c], f[c]
                 if fc == 0:
-                    dst = acc[r, kc:kc + W]
+                    dst = ar[kc:kc + W]
                     for w in range(W):
                         dst[w] += mr[w] * xr[w]
                 else:  # two taps; written as a gather so that the loop carries no store-to-load dependency
                     ac = a[c]
-                    dst, x1, m1 = acc[r, kc + 1:kc + W], xr[1:], mr[1:]
-                    acc[r, kc] += ac * (mr[0] * xr[0])
+                    dst, x1, m1 = ar[kc + 1:kc + W], xr[1:], mr[1:]
+                    ar[kc] += ac * (mr[0] * xr[0])
                     for w in range(W - 1):
                         dst[w] += ac * (m1[w] * x1[w]) + fc * (mr[w] * xr[w])
-                    acc[r, kc + W] += fc * (mr[W - 1] * xr[W - 1])
+                    ar[kc + W] += fc * (mr[W - 1] * xr[W - 1])
 
 
 @njit(**_HELPER)
