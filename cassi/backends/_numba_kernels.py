@@ -95,8 +95,8 @@ def _accumulate(acc, x3, m3, h0, k, a, f):
     """acc (R, W+Δ) += Σ_c taps of (M ⊙ x)_c[h0 + r, :] for every row r < R; x3 (C, H, W), m3 (Cm, H, W).
     Bands in groups of ``_CB``, the R rows inside a group, so that few x rows stream at once while acc stays
     in cache. A group of four integer taps is summed in one pass over the columns where all four land
-    (``acc`` loaded and stored once per four bands, not once per band: A 3.6 against 3.9 ms on the seed case
-    at two threads, 7.1 against 7.7 at one, measured), its edges band by band. Every inner loop indexes slices
+    (``acc`` loaded and stored once per four bands, not once per band: A about 8 % faster at one thread on the
+    seed case, docs/benchmarks.md), its edges band by band. Every inner loop indexes slices
     with the loop counter alone: an index such as k_c + w, which numba cannot prove non-negative, keeps its
     wrap-around branch and the loop is not vectorised (3.5× slower, measured)."""
     C, W = x3.shape[0], x3.shape[2]
@@ -120,7 +120,9 @@ def _accumulate(acc, x3, m3, h0, k, a, f):
                 M0, M1, M2, M3 = m0[lo - k0:hi - k0], m1[lo - k1:hi - k1], m2[lo - k2:hi - k2], m3r[lo - k3:hi - k3]
                 for t in range(hi - lo):
                     dst[t] += (M0[t] * X0[t] + M1[t] * X1[t]) + (M2[t] * X2[t] + M3[t] * X3[t])
-                for c in range(c0, c0 + 4):  # the edges, where fewer than four bands land (scalar, short)
+                # the edges, where fewer than four bands land (scalar, short); plain loops: the same loops in an
+                # inline="always" helper summed wrongly on 9-column rows (numba 0.68, measured)
+                for c in range(c0, c0 + 4):
                     kc, xr, mr = k[c], x3[c, h], m3[c if Cm > 1 else 0, h]
                     for j in range(kc, lo):
                         ar[j] += mr[j - kc] * xr[j - kc]
