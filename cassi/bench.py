@@ -43,14 +43,10 @@ FLOOR = ("× floor = time / time of the fastest kernel (torch's copy_ + sum/fill
 def traffic(map_: str, x_bytes: int, y_bytes: int, mask_bytes: int) -> tuple[int, int]:
     """(read, write): the least bytes a map must read and write, given the bytes of x, y and the stored mask:
     A reads x and M and writes y; Aᵀ reads y and M and writes x; A then Aᵀ does both; the data step
-    reads z, y and M and writes x."""
+    reads z, y and M and writes x (what ``op.data_step`` returns: the residual y − A z that fused kernels also
+    write for autograd, and the weights 1/(Φ + ρ), are left out). Bytes moved = read + write."""
     x, y, m = x_bytes, y_bytes, mask_bytes
     return {"A": (x + m, y), "At": (y + m, x), "A+At": (x + y + 2 * m, x + y), "step": (x + y + m, x)}[map_]
-
-
-def bytes_moved(map_: str, x_bytes: int, y_bytes: int, mask_bytes: int) -> int:
-    """The least bytes a map must move, read + write (``traffic``)."""
-    return sum(traffic(map_, x_bytes, y_bytes, mask_bytes))
 
 
 
@@ -65,7 +61,7 @@ class Row:
     x_floor_out: float
     x_seed_fresh: float
     peak_extra_mb: float | None = None
-    mb_moved: float | None = None  # the map's bytes (bytes_moved) in MB
+    mb_moved: float | None = None  # the map's bytes, read + write (traffic), in MB
     gb_s_out: float | None = None  # mb_moved / ms (out=): the achieved bandwidth
 
 
@@ -158,7 +154,8 @@ def _stream_pass():
     reads (sums) the rest of src and streams a fixed row over the rest of dst, each task a slice of all three:
     a floor kernel that reads and writes exactly the given bytes. Such stores skip the read for ownership of
     dst, so the pass can beat torch's ops on buffers larger than the cache, and the numba backend writes large
-    x this way: a floor must be the fastest way to move the bytes."""
+    x this way: a floor must be the fastest way to move the bytes. ``run(dst, src, n)`` returns the sum of
+    src[n:] (what it read beyond the copy)."""
     from cassi.backends import numba as nb
 
     if not nb.available() or nb._FORKED:  # a forked child cannot run numba's OpenMP kernels
@@ -193,13 +190,14 @@ def _stream_pass():
 
     row = np.random.default_rng(0).random(4096, dtype=np.float32)  # read from cache, never the zero page
 
-    def run(dst: torch.Tensor, src: torch.Tensor, n: int) -> torch.Tensor:
+    def run(dst: torch.Tensor, src: torch.Tensor, n: int) -> float:
         if not (dst.is_contiguous() and src.is_contiguous() and dst.dim() == src.dim() == 1
                 and dst.dtype == src.dtype == torch.float32 and 0 <= n <= min(dst.numel(), src.numel())):
             raise ValueError("the streaming pass takes two contiguous 1-D float32 tensors and 0 ≤ n ≤ their sizes")
         tasks = max(1, -(-max(src.numel(), dst.numel()) // (1 << 16)))  # ≤ 256 KB of each buffer per task
-        nb._parallel(run_pass, dst.numpy(), src.numpy(), n, row, np.empty(tasks, np.float32), 32)
-        return dst
+        sums = np.empty(tasks, np.float32)
+        nb._parallel(run_pass, dst.numpy(), src.numpy(), n, row, sums, 32)
+        return float(sums.sum(dtype=np.float64))  # of src[n:], what the pass read beyond the copy
 
     return run
 
@@ -221,13 +219,11 @@ def floor_ms(read: int, write: int, repeats: int, warmup: int, device: str, sync
     src, dst, n = _floor_buffers(read, write, device)
     extra_r, extra_w = src.numel() - n, dst.numel() - n
 
-    def with_torch():
+    def with_torch() -> float:  # returns the sum of the extra reads, like the numba pass
         dst[:n].copy_(src[:n])
-        if extra_r:
-            src[n:].sum()
         if extra_w:
             dst[n:].fill_(0.5)
-        return dst
+        return float(src[n:].sum()) if extra_r else 0.0
 
     times = [_median_ms(with_torch, repeats, warmup, sync)]
     stream = _stream_pass() if device == "cpu" else None
@@ -326,7 +322,7 @@ SCALING_BASE = {"batch": 4, "bands": 28, "height": 256, "width": 256, "step": 2}
 def scaling(backend: str = "auto", sweeps: dict = SWEEPS, base: dict = SCALING_BASE, repeats: int = 5,
             warmup: int = 1, device: str = "cpu", dtype=torch.float32, max_x_gb: float = 2.0) -> list[dict]:
     """A then Aᵀ (``out=`` buffers) of ``backend`` over one-axis sweeps around ``base``: per point the
-    bytes moved (``bytes_moved``), ms, the floor of those reads and writes (``floor_ms``, same run), × floor and GB/s.
+    bytes moved (``traffic``, read + write), ms, the floor of those reads and writes (``floor_ms``, same run), × floor and GB/s.
     Points whose x exceeds ``max_x_gb`` are skipped."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []

@@ -15,57 +15,52 @@ X, Y, M = 16 * 28 * 256 * 256 * 4, 16 * 256 * (256 + 54) * 4, 256 * 256 * 4
 
 def test_traffic_per_map():
     """A reads x and the mask and writes y; Aᵀ reads y and the mask and writes x; A then Aᵀ both;
-    the data step reads z, y and the mask and writes x. bytes_moved is read + write."""
+    the data step reads z, y and the mask and writes x."""
     assert bench.traffic("A", X, Y, M) == (117_440_512 + 262_144, 5_079_040)
     assert bench.traffic("At", X, Y, M) == (5_079_040 + 262_144, 117_440_512)
     assert bench.traffic("A+At", X, Y, M) == (117_440_512 + 5_079_040 + 2 * 262_144, 117_440_512 + 5_079_040)
     assert bench.traffic("step", X, Y, M) == (117_440_512 + 5_079_040 + 262_144, 117_440_512)
-    assert bench.bytes_moved("A", X, Y, M) == bench.bytes_moved("At", X, Y, M) == 122_781_696
-    assert bench.bytes_moved("A+At", X, Y, M) == 2 * 122_781_696
-    assert bench.bytes_moved("step", X, Y, M) == 2 * 117_440_512 + 5_079_040 + 262_144
     with pytest.raises(KeyError):
         bench.traffic("A x", X, Y, M)
 
 
 def test_floor_kernels_move_the_maps_bytes(monkeypatch):
     """Both floor kernels (torch, and the numba pass where numba is installed) read the map's reads and write
-    its writes: the common part copied, every other element of dst written."""
-    calls = []
-    real = bench._median_ms
-
-    def spy(fn, repeats, warmup, sync):
-        calls.append(fn)
-        return real(fn, 1, 0, sync)
-
-    monkeypatch.setattr(bench, "_median_ms", spy)
-    for read, write in (bench.traffic("A", 4000, 400, 40), bench.traffic("At", 4000, 400, 40), (1000, 1000),
-                        (12, 20)):
-        src, dst, n = bench._floor_buffers(read, write)
-        assert (src.numel() * 4, dst.numel() * 4, n) == (read // 4 * 4, write // 4 * 4, min(read, write) // 4)
-        calls.clear()
+    its writes: the common part copied, every other element of src read (their sum returned), every other
+    element of dst written."""
+    calls, bufs = [], []
+    real = bench._floor_buffers
+    monkeypatch.setattr(bench, "_floor_buffers", lambda *a: bufs.append(real(*a)) or bufs[-1])
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, repeats, warmup, sync: calls.append(fn) or 1.0)
+    cases = [bench.traffic("A", 4000, 400, 40), bench.traffic("At", 4000, 400, 40), (1000, 1000), (12, 20),
+             (4 * 200_003, 12), (8, 4 * 200_003)]  # the last two: extra reads / writes over several tasks
+    for read, write in cases:
+        calls.clear(), bufs.clear()
         bench.floor_ms(read, write, 1, 0, "cpu", lambda: None)
+        (src, dst, n), = bufs
+        assert (src.numel() * 4, dst.numel() * 4, n) == (read // 4 * 4, write // 4 * 4, min(read, write) // 4)
         assert len(calls) == (1 if bench._stream_pass() is None else 2)  # torch's kernel and the numba pass
         for fn in calls:
-            dst = fn()
-            assert dst.numel() * 4 == write // 4 * 4
             dst.fill_(float("nan"))
-            fn()
+            total = fn()
+            assert torch.equal(dst[:n], src[:n])
             assert not dst.isnan().any()  # every byte it must write is written
+            assert total == pytest.approx(src[n:].double().sum().item(), rel=1e-4, abs=1e-6)  # and read
 
 
 @pytest.mark.parametrize("n,extra_r,extra_w", [(1, 0, 0), (15, 0, 0), (1000, 0, 0), (3 * (1 << 16) + 7, 0, 0),
-                                               (100, 5000, 0), (100, 0, 9000), (0, 0, 70000)])
+                                               (100, 5000, 0), (3, 200_000, 0), (100, 0, 9000), (0, 0, 70000)])
 def test_streaming_pass_copies_reads_and_writes(n, extra_r, extra_w):
     """The numba pass: a plain head up to the 64-byte boundary, 64-byte non-temporal stores, a plain tail,
     over tasks; an offset view starts off the boundary. The common part equals src, the rest of dst is the
-    fixed row's values (not NaN, not the old contents)."""
+    fixed row's values (not NaN, not the old contents), the rest of src is read (its sum returned)."""
     stream = bench._stream_pass()
     if stream is None:
         pytest.skip("numba is not installed")
     src, buf = torch.rand(n + extra_r + 3), torch.empty(n + extra_w + 3)
     for off in (0, 3):
         s, dst = src[off:off + n + extra_r], buf[off:off + n + extra_w].fill_(float("nan"))
-        assert stream(dst, s, n) is dst
+        assert stream(dst, s, n) == pytest.approx(s[n:].double().sum().item(), rel=1e-4, abs=1e-6)
         assert torch.equal(dst[:n], s[:n])
         assert not dst[n:].isnan().any() and ((dst[n:] >= 0) & (dst[n:] < 1)).all()
     with pytest.raises(ValueError, match="contiguous 1-D float32"):
@@ -80,7 +75,7 @@ def test_run_case_rows_carry_the_floor(monkeypatch):
     rows = bench.run_case(case, ["strided"], repeats=1, warmup=0, peak_memory=False)
     x, y, m = 2 * 3 * 4 * 5 * 4, 2 * 4 * 9 * 4, 4 * 5 * 4
     for r in rows:
-        assert r.mb_moved == pytest.approx(bench.bytes_moved(r.map, x, y, m) / 1e6)
+        assert r.mb_moved == pytest.approx(sum(bench.traffic(r.map, x, y, m)) / 1e6)
         assert r.x_floor_fresh == pytest.approx(1.0)
     assert {(r.backend, r.map) for r in rows} == {(b, k) for b in ("floor", "strided") for k in bench.MAPS}
     md = bench.markdown(rows, 2, "cpu")
@@ -91,7 +86,7 @@ def test_scaling_rows_and_plot(tmp_path):
     rows = bench.scaling("strided", {"bands": (2, 3)}, {"batch": 1, "bands": 2, "height": 8, "width": 8, "step": 1},
                          repeats=1, warmup=0)
     assert [r["bands"] for r in rows] == [2, 3]
-    assert rows[1]["mb_moved"] == pytest.approx(bench.bytes_moved("A+At", 3 * 64 * 4, 8 * 10 * 4, 64 * 4) / 1e6)
+    assert rows[1]["mb_moved"] == pytest.approx(sum(bench.traffic("A+At", 3 * 64 * 4, 8 * 10 * 4, 64 * 4)) / 1e6)
     bench.scaling_plot(rows, tmp_path / "s.png")
     assert (tmp_path / "s.png").stat().st_size > 1000
     assert bench.scaling_markdown(rows, 1, "cpu").count("| bands |") == 2

@@ -102,26 +102,27 @@ def _accumulate(acc, x3, m3, h0, k, a, f):
     C, W = x3.shape[0], x3.shape[2]
     Cm = m3.shape[0]
     for c0 in range(0, C, _CB):
-        four = c0 + 4 <= C and f[c0] == 0 and f[c0 + 1] == 0 and f[c0 + 2] == 0 and f[c0 + 3] == 0
+        # the fused path takes exactly four bands: it needs _CB == 4 (the group A's tasks step by)
+        four = _CB == 4 and c0 + 4 <= C and f[c0] == 0 and f[c0 + 1] == 0 and f[c0 + 2] == 0 and f[c0 + 3] == 0
         if four:
             k0, k1, k2, k3 = k[c0], k[c0 + 1], k[c0 + 2], k[c0 + 3]
             lo, hi = max(max(k0, k1), max(k2, k3)), min(min(k0, k1), min(k2, k3)) + W
             four = lo < hi
+            i0, i1, i2, i3 = (c0, c0 + 1, c0 + 2, c0 + 3) if Cm > 1 else (0, 0, 0, 0)  # mask plane per band
         for r in range(acc.shape[0]):
             h = h0 + r
             ar = acc[r]
             if four:
-                mc = c0 if Cm > 1 else 0
-                i1, i2, i3 = (c0 + 1, c0 + 2, c0 + 3) if Cm > 1 else (0, 0, 0)
-                x0, x1, x2, x3r = x3[c0, h], x3[c0 + 1, h], x3[c0 + 2, h], x3[c0 + 3, h]
-                m0, m1, m2, m3r = m3[mc, h], m3[i1, h], m3[i2, h], m3[i3, h]
+                p0, p1, p2, p3 = x3[c0, h], x3[c0 + 1, h], x3[c0 + 2, h], x3[c0 + 3, h]
+                q0, q1, q2, q3 = m3[i0, h], m3[i1, h], m3[i2, h], m3[i3, h]
                 dst = ar[lo:hi]
-                X0, X1, X2, X3 = x0[lo - k0:hi - k0], x1[lo - k1:hi - k1], x2[lo - k2:hi - k2], x3r[lo - k3:hi - k3]
-                M0, M1, M2, M3 = m0[lo - k0:hi - k0], m1[lo - k1:hi - k1], m2[lo - k2:hi - k2], m3r[lo - k3:hi - k3]
+                X0, X1, X2, X3 = p0[lo - k0:hi - k0], p1[lo - k1:hi - k1], p2[lo - k2:hi - k2], p3[lo - k3:hi - k3]
+                M0, M1, M2, M3 = q0[lo - k0:hi - k0], q1[lo - k1:hi - k1], q2[lo - k2:hi - k2], q3[lo - k3:hi - k3]
                 for t in range(hi - lo):
                     dst[t] += (M0[t] * X0[t] + M1[t] * X1[t]) + (M2[t] * X2[t] + M3[t] * X3[t])
                 # the edges, where fewer than four bands land (scalar, short); plain loops: the same loops in an
-                # inline="always" helper summed wrongly on 9-column rows (numba 0.68, measured)
+                # inline="always" helper summed wrongly on 9-column rows (numba 0.68; tests/test_operator.py's
+                # step-1 and step-2 cases failed with it)
                 for c in range(c0, c0 + 4):
                     kc, xr, mr = k[c], x3[c, h], m3[c if Cm > 1 else 0, h]
                     for j in range(kc, lo):
