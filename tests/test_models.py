@@ -124,6 +124,25 @@ def test_losses():
         ReconstructionLoss("l3")
 
 
+def test_gradient_term_weighs_the_errors_edges():
+    """gradient: w·(mean|∂_h d| + mean|∂_w d|) of the error d = x̂ − x (on ℓ's scale): a constant offset has none,
+    a vertical and a horizontal seam each add their step."""
+    t = torch.rand(1, 2, 8, 8, generator=torch.Generator().manual_seed(0))
+    offset = t + 0.25
+    assert ReconstructionLoss("l1", gradient=2.0)(offset, t) == pytest.approx(0.25)
+    seam = t.clone()
+    seam[..., 4:] += 0.5                                # an error that steps once along w, in every row
+    step_w = 0.5 * 8 / (8 * 7)                          # one step of 0.5 in each row's 7 differences
+    assert ReconstructionLoss("l1", gradient=2.0)(seam, t) == pytest.approx(0.25 + 2.0 * step_w)
+    assert ReconstructionLoss("l1", gradient=2.0)(seam.transpose(-1, -2), t.transpose(-1, -2)) == pytest.approx(
+        0.25 + 2.0 * step_w)                            # along h alike
+    scale = 2 * t.mean()
+    assert ReconstructionLoss("l1", gradient=1.0, relative=True)(seam, t) == pytest.approx(
+        ReconstructionLoss("l1", gradient=1.0)(seam / scale, t / scale).item(), rel=1e-5)
+    with pytest.raises(ValueError, match="gradient weights must be >= 0"):
+        ReconstructionLoss("l1", gradient=-1.0)
+
+
 @pytest.mark.parametrize("kind", ["l1", "mse", "rmse", "charbonnier"])
 def test_relative_loss_scales_the_error_but_takes_ssim_as_the_metric_does(kind):
     # a dark pair: SSIM at data range 1 is lenient there; divided by 2·mean(x) it would not be

@@ -12,7 +12,7 @@ KINDS = ("l1", "mse", "rmse", "charbonnier")
 
 
 class ReconstructionLoss(nn.Module):
-    """ℓ(x̂, x) + w_ssim·(1 − SSIM(x̂, x)), ℓ one of
+    """ℓ(x̂, x) + w_grad·(mean|∂_h(x̂ − x)| + mean|∂_w(x̂ − x)|) + w_ssim·(1 − SSIM(x̂, x)), ℓ one of
 
     l1: mean|x̂ − x|;  mse: mean(x̂ − x)²;  rmse: sqrt(mse) (the MST toolbox's loss);
     charbonnier: mean sqrt((x̂ − x)² + ε²).  Returns a scalar.
@@ -23,13 +23,15 @@ class ReconstructionLoss(nn.Module):
     clamped), where a dark patch weighs less.
     """
 
-    def __init__(self, kind: str = "l1", ssim: float = 0.0, eps: float = 1e-3, relative: bool = False):
+    def __init__(self, kind: str = "l1", ssim: float = 0.0, eps: float = 1e-3, relative: bool = False,
+                 gradient: float = 0.0):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"loss kind must be one of {KINDS}, got {kind!r}")
-        if ssim < 0:
-            raise ValueError(f"ssim weight must be >= 0, got {ssim!r}")
+        if ssim < 0 or gradient < 0:
+            raise ValueError(f"ssim and gradient weights must be >= 0, got {ssim!r}, {gradient!r}")
         self.kind, self.ssim, self.eps, self.relative = kind, float(ssim), float(eps), bool(relative)
+        self.gradient = float(gradient)
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if pred.shape != target.shape:
@@ -44,9 +46,12 @@ class ReconstructionLoss(nn.Module):
         else:
             loss = d.square().mean()
             loss = loss.sqrt() if self.kind == "rmse" else loss
+        if self.gradient:  # the error's edges: ∂ along each spatial axis, on ℓ's scale
+            loss = loss + self.gradient * (d.diff(dim=-2).abs().mean() + d.diff(dim=-1).abs().mean())
         if self.ssim:
             loss = loss + self.ssim * (1 - ssim_metric(pred.float(), target.float()).mean())
         return loss
 
     def extra_repr(self) -> str:
-        return f"kind={self.kind!r}, ssim={self.ssim}" + (", relative=True" if self.relative else "")
+        return (f"kind={self.kind!r}, ssim={self.ssim}" + (f", gradient={self.gradient}" if self.gradient else "")
+                + (", relative=True" if self.relative else ""))
