@@ -183,8 +183,9 @@ def _stream_pass():
             for i in range(part.shape[0] // lanes * lanes, part.shape[0]):
                 acc[0] += part[i]
             sums[t] = acc.sum()
-            for j in range(n + t * extra_w // tasks, n + (t + 1) * extra_w // tasks, row.shape[0]):
-                e = min(n + (t + 1) * extra_w // tasks, j + row.shape[0])
+            w0, w1 = n + t * extra_w // tasks, n + (t + 1) * extra_w // tasks
+            for j in range(w0, w1, row.shape[0]):
+                e = min(w1, j + row.shape[0])
                 _stream(dst[j:e], row[:e - j])
             _fence()
 
