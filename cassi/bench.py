@@ -11,7 +11,10 @@ and once with caller-given ``out=`` buffers. In the same run it times
   ``sum`` (or ``fill_``), and one numba pass with non-temporal stores (``floor_ms``);
 * the **seed loop**: the seed's method 1 (the ``loop`` backend) with fresh outputs;
 
-and reports ratios to both, plus the peak extra resident memory of A with a fresh output
+and reports ratios to both: each backend's map (fresh, then ``out=``) and its floor's fastest kernel are called in
+turn, round after round (``_medians_ms``), and the map's ratio divides by the floor's time from those rounds, so
+that a drift of the machine's memory bandwidth during the run (up to 1.5× between runs here) touches both alike;
+plus the peak extra resident memory of A with a fresh output
 (measured in a child process from VmHWM). ``scaling`` sweeps A then Aᵀ over bands, sizes and
 batch against bytes moved.
 """
@@ -37,7 +40,8 @@ RHO = 0.1  # ρ of the benchmarked data step
 FLOOR = ("× floor = time / time of the fastest kernel (torch's copy_ + sum/fill_, or one numba pass with "
          "non-temporal stores) that reads the bytes the map must read and writes those it must write: "
          "A reads |x| + |M| and writes |y|, Aᵀ reads |y| + |M| and writes |x|, A then Aᵀ both, "
-         "the data step reads |x| + |y| + |M| and writes |x|")
+         "the data step reads |x| + |y| + |M| and writes |x|; for a backend's rows that kernel is timed again, "
+         "in turn with the map, round after round (floor ms), and the ratios divide by that time")
 
 
 def traffic(map_: str, x_bytes: int, y_bytes: int, mask_bytes: int) -> tuple[int, int]:
@@ -63,6 +67,7 @@ class Row:
     peak_extra_mb: float | None = None
     mb_moved: float | None = None  # the map's bytes, read + write (traffic), in MB
     gb_s_out: float | None = None  # mb_moved / ms (out=): the achieved bandwidth
+    floor_ms: float | None = None  # the floor's kernel, timed in turn with this row's map (× floor divides by it)
 
 
 def _cpu_jiffies() -> tuple[int, int] | None:
@@ -84,14 +89,21 @@ _waited = 0.0
 
 
 def _median_ms(fn, repeats: int, warmup: int, sync) -> float:
-    """Median ms of ``fn`` (after ``warmup`` calls). On a shared machine a timing is repeated while
-    other processes used the CPUs meanwhile (Linux): with every core in use, a map of many small ops
-    waits a scheduler slice per op and its time means nothing. A timing still disturbed is kept
-    with a warning on stderr."""
+    """Median ms of ``fn`` (after ``warmup`` calls); see ``_medians_ms``."""
+    return _medians_ms([fn], repeats, warmup, sync)[0]
+
+
+def _medians_ms(fns, repeats: int, warmup: int, sync) -> list[float]:
+    """Median ms of each of ``fns`` (after ``warmup`` calls of each), called in turn, round after round: two
+    kernels timed together see the same state of a shared machine (its memory bandwidth drifts between and
+    within runs), so their ratio is steadier than that of two timings taken one after the other. On a shared
+    machine a timing is repeated while other processes used the CPUs meanwhile (Linux): with every core in
+    use, a map of many small ops waits a scheduler slice per op and its time means nothing. A timing still
+    disturbed is kept with a warning on stderr."""
     global _waited
     for attempt in range(RETRIES + 1):
         before, t_start = _cpu_jiffies(), time.perf_counter()
-        ms = _median_once(fn, repeats, warmup, sync)
+        ms = _medians_once(fns, repeats, warmup, sync)
         after, wall = _cpu_jiffies(), time.perf_counter() - t_start
         if before is None or after is None:
             return ms
@@ -107,23 +119,26 @@ def _median_ms(fn, repeats: int, warmup: int, sync) -> float:
         time.sleep(pause)
 
 
-def _median_once(fn, repeats: int, warmup: int, sync) -> float:
-    for _ in range(warmup):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    first = time.perf_counter() - t0
-    n = max(3, min(repeats, int(5.0 / max(first, 1e-9))))  # slow backends: fewer repeats, at least 3
-    times = [first]
+def _medians_once(fns, repeats: int, warmup: int, sync) -> list[float]:
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
+
+    def one_round():
+        for fn, ts in zip(fns, times):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            ts.append(time.perf_counter() - t0)
+
+    one_round()
+    first = sum(ts[0] for ts in times)
+    n = max(3, min(repeats, int(5.0 / max(first, 1e-9))))  # slow backends: fewer rounds, at least 3
     for _ in range(n - 1):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return 1e3 * times[len(times) // 2]
+        one_round()
+    return [1e3 * sorted(ts)[len(ts) // 2] for ts in times]
 
 
 def _setup(case: dict, backend: str, device: str, dtype: torch.dtype):
@@ -217,6 +232,11 @@ def floor_ms(read: int, write: int, repeats: int, warmup: int, device: str, sync
     part copied, the rest read (or written). Candidates: torch (``copy_``, then ``sum`` or ``fill_``) and, on
     CPU, ``_stream_pass``. A copy of (read + write) / 2 bytes is no floor for a map that mostly reads or mostly
     writes: reads and writes together use the memory system better than either alone (docs/benchmarks.md)."""
+    return _floor(read, write, repeats, warmup, device, sync)[0]
+
+
+def _floor(read: int, write: int, repeats: int, warmup: int, device: str, sync):
+    """(ms, kernel) of ``floor_ms``: the fastest candidate and its time."""
     src, dst, n = _floor_buffers(read, write, device)
     extra_r, extra_w = src.numel() - n, dst.numel() - n
 
@@ -226,11 +246,12 @@ def floor_ms(read: int, write: int, repeats: int, warmup: int, device: str, sync
             dst[n:].fill_(0.5)
         return float(src[n:].sum()) if extra_r else 0.0
 
-    times = [_median_ms(with_torch, repeats, warmup, sync)]
+    kernels = [with_torch]
     stream = _stream_pass() if device == "cpu" else None
     if stream is not None:
-        times.append(_median_ms(lambda: stream(dst, src, n), repeats, warmup, sync))
-    return min(times)
+        kernels.append(lambda: stream(dst, src, n))
+    timed = [(_median_ms(k, repeats, warmup, sync), k) for k in kernels]
+    return min(timed, key=lambda t: t[0])
 
 
 def run_case(case: dict, backends, repeats=10, warmup=2, device="cpu", dtype=torch.float32, peak_memory=True):
@@ -240,10 +261,11 @@ def run_case(case: dict, backends, repeats=10, warmup=2, device="cpu", dtype=tor
     y = seed_op(x)
     rw = {k: traffic(k, _nbytes(x), _nbytes(y), _nbytes(seed_op.mask)) for k in MAPS}
     moved = {k: sum(rw[k]) for k in MAPS}
-    floor = {k: floor_ms(*rw[k], repeats, warmup, device, sync) for k in MAPS}
+    floors = {k: _floor(*rw[k], repeats, warmup, device, sync) for k in MAPS}  # (ms, kernel)
+    floor = {k: floors[k][0] for k in MAPS}
     seed = {k: _median_ms(f, repeats, warmup, sync) for k, f in _maps(seed_op, x, y).items()}
     rows = [Row(case["name"], "floor", k, floor[k], floor[k], 1.0, 1.0, seed[k] / floor[k], None,
-                moved[k] / 1e6, moved[k] / 1e6 / floor[k]) for k in MAPS]
+                moved[k] / 1e6, moved[k] / 1e6 / floor[k], floor[k]) for k in MAPS]
     for name in backends:
         try:
             op, _ = _setup(case, name, device, dtype)
@@ -251,14 +273,18 @@ def run_case(case: dict, backends, repeats=10, warmup=2, device="cpu", dtype=tor
         except (UnsupportedGeometry, RuntimeError) as e:
             print(f"  {case['name']}: skipping {name}: {str(e).splitlines()[0]}", file=sys.stderr)
             continue
-        fresh = {k: _median_ms(f, repeats, warmup, sync) for k, f in _maps(op, x, y).items()}
         out_y, out_x = empty(y.shape, y), empty(x.shape, x)
         out_y.zero_(), out_x.zero_()  # touch the pages once, as a reused buffer would be
-        given = {k: _median_ms(f, repeats, warmup, sync) for k, f in _maps(op, x, y, out_y, out_x).items()}
+        fresh_fns, given_fns = _maps(op, x, y), _maps(op, x, y, out_y, out_x)
+        fresh, given, paired = {}, {}, {}
+        for k in MAPS:  # the map (fresh, out=) and its floor's kernel in turn: ratios under one machine state
+            fresh[k], given[k], paired[k] = _medians_ms([fresh_fns[k], given_fns[k], floors[k][1]], repeats,
+                                                        warmup, sync)
         peak = peak_forward_mb(case, name, device, dtype) if peak_memory and device == "cpu" else None
         for k in MAPS:
-            rows.append(Row(case["name"], name, k, fresh[k], given[k], fresh[k] / floor[k], given[k] / floor[k],
-                            seed[k] / fresh[k], peak if k == "A" else None, moved[k] / 1e6, moved[k] / 1e6 / given[k]))
+            rows.append(Row(case["name"], name, k, fresh[k], given[k], fresh[k] / paired[k], given[k] / paired[k],
+                            seed[k] / fresh[k], peak if k == "A" else None, moved[k] / 1e6, moved[k] / 1e6 / given[k],
+                            paired[k]))
         print(f"  {case['name']}: {name} A+At {fresh['A+At']:.1f} ms fresh, {given['A+At']:.1f} ms out=", file=sys.stderr)
     return rows
 
@@ -303,12 +329,13 @@ def markdown(rows: list[Row], threads: int, device: str) -> str:
         f"threads: {threads}, device: {device}. ms = median; {FLOOR}; × seed = seed loop (fresh) / this (fresh); "
         "GB/s = bytes moved / ms (out=); peak = extra resident MB during A with a fresh output.",
         "",
-        "| case | backend | map | MB moved | ms (fresh) | ms (out=) | × floor (fresh) | × floor (out=) | × seed loop "
-        "| GB/s | peak extra MB (A) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | backend | map | MB moved | ms (fresh) | ms (out=) | floor ms | × floor (fresh) | × floor (out=) "
+        "| × seed loop | GB/s | peak extra MB (A) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r.case} | {r.backend} | {r.map} | {_f(r.mb_moved, '.1f')} | {_f(r.ms_fresh)} | {_f(r.ms_out)} | "
+                     f"{_f(r.floor_ms)} | "
                      f"{_f(r.x_floor_fresh)} | {_f(r.x_floor_out)} | {_f(r.x_seed_fresh)} | {_f(r.gb_s_out, '.1f')} | "
                      f"{_f(r.peak_extra_mb, '.1f')} |")
     return "\n".join(lines) + "\n"

@@ -91,16 +91,19 @@ def _stream(dst, src):
 
 
 @njit(**_HELPER)
-def _accumulate(acc, x3, m3, h0, k, a, f):
-    """acc (R, W+Δ) += Σ_c taps of (M ⊙ x)_c[h0 + r, :] for every row r < R; x3 (C, H, W), m3 (Cm, H, W).
+def _accumulate(af, ao, aw, xf, xo, mf, mo, R, C, H, W, Cm, k, a, f):
+    """acc (R, W+Δ) += Σ_c taps of (M ⊙ x)_c[h0 + r, :] for every row r < R, on flat C-ordered arrays: acc's
+    row r starts at af[ao + r·aw], x's band c row h0 + r at xf[xo + c·H·W + r·W], the mask's at
+    mf[mo + (c if Cm > 1 else 0)·H·W + r·W] (xo, mo: offsets of row h0 of band 0 in the sample).
     Bands in groups of ``_CB``, the R rows inside a group, so that few x rows stream at once while acc stays
     in cache. A group of four integer taps is summed in one pass over the columns where all four land
     (``acc`` loaded and stored once per four bands, not once per band: A about 8 % faster at one thread on the
-    seed case, docs/benchmarks.md), its edges band by band. Every inner loop indexes slices
-    with the loop counter alone: an index such as k_c + w, which numba cannot prove non-negative, keeps its
-    wrap-around branch and the loop is not vectorised (3.5× slower, measured)."""
-    C, W = x3.shape[0], x3.shape[2]
-    Cm = m3.shape[0]
+    seed case, docs/benchmarks.md), its edges band by band. Offsets are unsigned (uint64) and the arrays flat:
+    numba checks a signed index for wrap-around (a branch per element that also keeps LLVM from vectorising,
+    3.5× slower, measured), and a row's slice objects cost as much as its short edge loops (flat unsigned
+    offsets: A 8–10 % faster at one thread, 3–10 % at two, docs/benchmarks.md)."""
+    U = np.uint64
+    plane, Wu, awu = U(H) * U(W), U(W), U(aw)
     for c0 in range(0, C, _CB):
         # the fused path takes exactly four bands: it needs _CB == 4 (the group A's tasks step by)
         four = _CB == 4 and c0 + 4 <= C and f[c0] == 0 and f[c0 + 1] == 0 and f[c0 + 2] == 0 and f[c0 + 3] == 0
@@ -108,84 +111,109 @@ def _accumulate(acc, x3, m3, h0, k, a, f):
             k0, k1, k2, k3 = k[c0], k[c0 + 1], k[c0 + 2], k[c0 + 3]
             lo, hi = max(max(k0, k1), max(k2, k3)), min(min(k0, k1), min(k2, k3)) + W
             four = lo < hi
-            i0, i1, i2, i3 = (c0, c0 + 1, c0 + 2, c0 + 3) if Cm > 1 else (0, 0, 0, 0)  # mask plane per band
-        for r in range(acc.shape[0]):
-            h = h0 + r
-            ar = acc[r]
-            if four:
-                p0, p1, p2, p3 = x3[c0, h], x3[c0 + 1, h], x3[c0 + 2, h], x3[c0 + 3, h]
-                q0, q1, q2, q3 = m3[i0, h], m3[i1, h], m3[i2, h], m3[i3, h]
-                dst = ar[lo:hi]
-                X0, X1, X2, X3 = p0[lo - k0:hi - k0], p1[lo - k1:hi - k1], p2[lo - k2:hi - k2], p3[lo - k3:hi - k3]
-                M0, M1, M2, M3 = q0[lo - k0:hi - k0], q1[lo - k1:hi - k1], q2[lo - k2:hi - k2], q3[lo - k3:hi - k3]
-                for t in range(hi - lo):
-                    dst[t] += (M0[t] * X0[t] + M1[t] * X1[t]) + (M2[t] * X2[t] + M3[t] * X3[t])
-                # the edges, where fewer than four bands land (scalar, short); plain loops: the same loops in an
+        if four:
+            n = hi - lo
+            x0, x1 = U(c0) * plane + U(lo - k0), U(c0 + 1) * plane + U(lo - k1)
+            x2, x3 = U(c0 + 2) * plane + U(lo - k2), U(c0 + 3) * plane + U(lo - k3)
+            if Cm > 1:  # a mask plane per band
+                m0, m1, m2, m3 = x0, x1, x2, x3
+            else:
+                m0, m1, m2, m3 = U(lo - k0), U(lo - k1), U(lo - k2), U(lo - k3)
+            for r in range(R):
+                ar, xr, mr = ao + U(r) * awu, xo + U(r) * Wu, mo + U(r) * Wu
+                d = ar + U(lo)
+                p0, p1, p2, p3 = xr + x0, xr + x1, xr + x2, xr + x3
+                q0, q1, q2, q3 = mr + m0, mr + m1, mr + m2, mr + m3
+                for t in range(n):
+                    i = U(t)
+                    af[d + i] += ((mf[q0 + i] * xf[p0 + i] + mf[q1 + i] * xf[p1 + i])
+                                  + (mf[q2 + i] * xf[p2 + i] + mf[q3 + i] * xf[p3 + i]))
+                # the edges, where fewer than four bands land (short); plain loops: the same loops in an
                 # inline="always" helper summed wrongly on 9-column rows (numba 0.68; tests/test_operator.py's
                 # step-1 and step-2 cases failed with it)
                 for c in range(c0, c0 + 4):
-                    kc, xr, mr = k[c], x3[c, h], m3[c if Cm > 1 else 0, h]
-                    for j in range(kc, lo):
-                        ar[j] += mr[j - kc] * xr[j - kc]
-                    for j in range(hi, kc + W):
-                        ar[j] += mr[j - kc] * xr[j - kc]
-                continue
-            for c in range(c0, min(C, c0 + _CB)):
-                xr = x3[c, h]
-                mr = m3[c if Cm > 1 else 0, h]
-                kc, fc = k[c], f[c]
+                    kc = k[c]
+                    xc = xr + U(c) * plane
+                    mc = mr + (U(c) * plane if Cm > 1 else U(0))
+                    dc = ar + U(kc)
+                    for t in range(lo - kc):  # columns kc … lo − 1 of acc: x columns 0 … lo − kc − 1
+                        i = U(t)
+                        af[dc + i] += mf[mc + i] * xf[xc + i]
+                    for t in range(hi - kc, W):  # columns hi … kc + W − 1 of acc
+                        i = U(t)
+                        af[dc + i] += mf[mc + i] * xf[xc + i]
+            continue
+        for c in range(c0, min(C, c0 + _CB)):
+            kc, fc = k[c], f[c]
+            xc = xo + U(c) * plane
+            mc = mo + (U(c) * plane if Cm > 1 else U(0))
+            for r in range(R):
+                d, p, q = ao + U(r) * awu + U(kc), xc + U(r) * Wu, mc + U(r) * Wu
                 if fc == 0:
-                    dst = ar[kc:kc + W]
-                    for w in range(W):
-                        dst[w] += mr[w] * xr[w]
+                    for t in range(W):
+                        i = U(t)
+                        af[d + i] += mf[q + i] * xf[p + i]
                 else:  # two taps; written as a gather so that the loop carries no store-to-load dependency
                     ac = a[c]
-                    dst, x1, m1 = ar[kc + 1:kc + W], xr[1:], mr[1:]
-                    ar[kc] += ac * (mr[0] * xr[0])
-                    for w in range(W - 1):
-                        dst[w] += ac * (m1[w] * x1[w]) + fc * (mr[w] * xr[w])
-                    ar[kc + W] += fc * (mr[W - 1] * xr[W - 1])
+                    af[d] += ac * (mf[q] * xf[p])
+                    for t in range(1, W):
+                        i = U(t)
+                        af[d + i] += ac * (mf[q + i] * xf[p + i]) + fc * (mf[q + i - U(1)] * xf[p + i - U(1)])
+                    af[d + Wu] += fc * (mf[q + Wu - U(1)] * xf[p + Wu - U(1)])
 
 
 @njit(**_HELPER)
-def _spread_row(xr, zr, mr, r0, r1, ac, fc, add):
-    """xr = (zr +) mr ⊙ (a_c·r0 + f_c·r1) (f_c = 0: r0 alone), one x row (W,)."""
-    W = xr.shape[0]
+def _spread_row(df, d, zf, z, mf, q, rf, s, n, ac, fc, add):
+    """df[d + w] = (zf[z + w] +) mf[q + w]·(a_c·rf[s + w] + f_c·rf[s + w + 1]) (f_c = 0: the first tap alone)
+    for w < n: one x row, flat arrays, unsigned offsets (see ``_accumulate``)."""
+    U = np.uint64
     if add:
         if fc == 0:
-            for w in range(W):
-                xr[w] = zr[w] + mr[w] * r0[w]
+            for t in range(n):
+                i = U(t)
+                df[d + i] = zf[z + i] + mf[q + i] * rf[s + i]
         else:
-            for w in range(W):
-                xr[w] = zr[w] + mr[w] * (ac * r0[w] + fc * r1[w])
+            for t in range(n):
+                i = U(t)
+                df[d + i] = zf[z + i] + mf[q + i] * (ac * rf[s + i] + fc * rf[s + i + U(1)])
     elif fc == 0:
-        for w in range(W):
-            xr[w] = mr[w] * r0[w]
+        for t in range(n):
+            i = U(t)
+            df[d + i] = mf[q + i] * rf[s + i]
     else:
-        for w in range(W):
-            xr[w] = mr[w] * (ac * r0[w] + fc * r1[w])
+        for t in range(n):
+            i = U(t)
+            df[d + i] = mf[q + i] * (ac * rf[s + i] + fc * rf[s + i + U(1)])
 
 
 @njit(**_HELPER)
-def _spread(rr, x3, m3, h0, c0, c1, k, a, f, z3, add, tmp, nt):
-    """x3[c, h0 + r, :] = (z3[c, h0 + r, :] +) M_c[h0 + r, :] ⊙ window_c(rr[r]) for bands c0 ≤ c < c1 and
-    every row r < R; rr (R, W+Δ). Rows outer, the band group inner (a few x rows written at once). With
-    ``nt`` each x row is computed into ``tmp`` (W,), then streamed to x with non-temporal stores (from a call
-    site of its own: one loop that wrote either ``tmp`` or the x row, chosen at run time, was not vectorised)."""
-    W = x3.shape[2]
-    Cm = m3.shape[0]
-    for r in range(rr.shape[0]):
-        h = h0 + r
+def _spread(rf, ro, rw, xf, xo, mf, mo, zf, R, c0, c1, H, W, Cm, k, a, f, add, tmp, nt):
+    """x[c, h0 + r, :] = (z[c, h0 + r, :] +) M_c[h0 + r, :] ⊙ window_c(rr[r]) for bands c0 ≤ c < c1 and every
+    row r < R, on flat C-ordered arrays: rr's row r at rf[ro + r·rw] (R × (W+Δ)), x's (and z's, same layout)
+    band c row h0 + r at xf[xo + c·H·W + r·W], the mask's at mf[mo + (c if Cm > 1 else 0)·H·W + r·W]. Rows
+    outer, the band group inner (a few x rows written at once). With ``nt`` each x row is computed into
+    ``tmp`` (W,), then streamed to x with non-temporal stores (from a call site of its own: one loop that
+    wrote either ``tmp`` or the x row, chosen at run time, was not vectorised)."""
+    U = np.uint64
+    plane, Wu, rwu = U(H) * U(W), U(W), U(rw)
+    for r in range(R):
+        rr, xr, mr = ro + U(r) * rwu, xo + U(r) * Wu, mo + U(r) * Wu
         for c in range(c0, c1):
-            mr, zr = m3[c if Cm > 1 else 0, h], z3[c, h]
-            kc = k[c]
-            r0 = rr[r, kc:kc + W]
-            r1 = rr[r, kc + 1:kc + 1 + W]  # read only when f_c ≠ 0 (then k_c + W < W + Δ)
+            p = xr + U(c) * plane
+            q = mr + (U(c) * plane if Cm > 1 else U(0))
+            s = rr + U(k[c])  # rr[r, k_c + 1 + w] (the second tap) is read only when f_c ≠ 0: then k_c + W < W + Δ
             if nt:
-                _spread_row(tmp, zr, mr, r0, r1, a[c], f[c], add)
-                _stream(x3[c, h], tmp)
+                _spread_row(tmp, U(0), zf, p, mf, q, rf, s, W, a[c], f[c], add)
+                _stream(xf[p:p + Wu], tmp)
             else:
-                _spread_row(x3[c, h], zr, mr, r0, r1, a[c], f[c], add)
+                _spread_row(xf, p, zf, p, mf, q, rf, s, W, a[c], f[c], add)
+
+
+@njit(**_HELPER)
+def _at(t, i, j, h):
+    """The flat (uint64) offset of t[i, j, h, 0] in a C-contiguous 4-D array t."""
+    U = np.uint64
+    return ((U(i) * U(t.shape[1]) + U(j)) * U(t.shape[2]) + U(h)) * U(t.shape[3])
 
 
 # ----------------------------------------------------------------------------- dispersion along w
@@ -197,9 +225,10 @@ def _fwd_w_task(i, x, m, k, a, f, y, R):
     H = x.shape[2]
     nb = (H + R - 1) // R
     b, h0 = i // nb, (i % nb) * R
-    acc = y[b, 0, h0:min(H, h0 + R)]
-    acc[:] = 0
-    _accumulate(acc, x[b], m[b if m.shape[0] > 1 else 0], h0, k, a, f)
+    h1 = min(H, h0 + R)
+    y[b, 0, h0:h1] = 0
+    _accumulate(y.reshape(-1), _at(y, b, 0, h0), y.shape[3], x.reshape(-1), _at(x, b, 0, h0), m.reshape(-1),
+                _at(m, b if m.shape[0] > 1 else 0, 0, h0), h1 - h0, x.shape[1], H, x.shape[3], m.shape[1], k, a, f)
 
 
 @njit(**_HELPER)
@@ -210,8 +239,9 @@ def _adj_w_task(i, y, m, k, a, f, x, z, add, R, nt):
     c0, h0 = (j // nb) * _CB, (j % nb) * R
     h1 = min(H, h0 + R)
     tmp = np.empty(x.shape[3] if nt else 0, dtype=x.dtype)  # the streamed row's scratch
-    _spread(y[b, 0, h0:h1], x[b], m[b if m.shape[0] > 1 else 0], h0, c0, min(C, c0 + _CB), k, a, f, z[b], add,
-            tmp, nt)
+    _spread(y.reshape(-1), _at(y, b, 0, h0), y.shape[3], x.reshape(-1), _at(x, b, 0, h0), m.reshape(-1),
+            _at(m, b if m.shape[0] > 1 else 0, 0, h0), z.reshape(-1), h1 - h0, c0, min(C, c0 + _CB), H, x.shape[3],
+            m.shape[1], k, a, f, add, tmp, nt)
     if nt:
         _fence()
 
@@ -249,16 +279,19 @@ def _step_w_task(i, z, y, wt, m, k, a, f, x, u, R):
     nb = (H + R - 1) // R
     b, h0 = i // nb, (i % nb) * R
     h1 = min(H, h0 + R)
-    mb = m[b if m.shape[0] > 1 else 0]
-    acc = np.zeros((h1 - h0, y.shape[3]), dtype=y.dtype)
-    _accumulate(acc, z[b], mb, h0, k, a, f)
+    W, Wy = z.shape[3], y.shape[3]
+    af, zf, mf = np.zeros((h1 - h0) * Wy, dtype=y.dtype), z.reshape(-1), m.reshape(-1)
+    zo, mo = _at(z, b, 0, h0), _at(m, b if m.shape[0] > 1 else 0, 0, h0)
+    _accumulate(af, np.uint64(0), Wy, zf, zo, mf, mo, h1 - h0, C, H, W, m.shape[1], k, a, f)
+    acc = af.reshape((h1 - h0, Wy))
     yr, ur, wr = y[b, 0, h0:h1], u[b, 0, h0:h1], wt[b if wt.shape[0] > 1 else 0, h0:h1]
     for r in range(h1 - h0):
         for j in range(acc.shape[1]):
             ur[r, j] = yr[r, j] - acc[r, j]
             acc[r, j] = wr[r, j] * ur[r, j]
     for c0 in range(0, C, _CB):  # plain stores (streamed ones were slower in 5 of 6 runs): no scratch row
-        _spread(acc, x[b], mb, h0, c0, min(C, c0 + _CB), k, a, f, z[b], True, acc[0], False)
+        _spread(af, np.uint64(0), Wy, x.reshape(-1), _at(x, b, 0, h0), mf, mo, zf, h1 - h0, c0, min(C, c0 + _CB),
+                H, W, m.shape[1], k, a, f, True, af, False)
 
 
 @njit(**_JIT)

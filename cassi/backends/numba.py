@@ -255,8 +255,9 @@ class NumbaBackend(Backend):
             _run("residual_h", zn, yn, wn, mn, k, a, f, un, rn)
             _run("adj_h", rn, mn, k, a, f, xn, zn, True)
         else:
-            # a task's block of z (R × C × W) is read twice: ≤ 512 KB, so that the second read hits L2
-            cap = max(1, 2 ** 19 // (g.bands * g.width * z.element_size()))
+            # a task's block of z (R × C × W) is read twice, the second time from cache: ≤ 2 MiB (L2 or L3; on the
+            # seed case 64 rows took 1.72× the floor against 1.79× for 18 rows, ≤ 512 KB: docs/benchmarks.md)
+            cap = max(1, 2 ** 21 // (g.bands * g.width * z.element_size()))
             _run("step_w", zn, yn, wn, mn, k, a, f, xn, un, _rows_per_task(B, H, cap))
         return _finish(x, out), u
 
