@@ -97,13 +97,16 @@ def test_streamed_stores_equal_loop(monkeypatch, geom, width, dtype, forked):
     out = torch.full((B, C, H, width), float("nan"), dtype=dtype)
     assert op.adjoint(y, out=out) is out
     torch.testing.assert_close(out, ref.adjoint(y))
-    torch.testing.assert_close(op.data_step(out, y, 0.2), ref.data_step(out, y, 0.2))  # the step: plain stores
+    torch.testing.assert_close(op.data_step(out, y, 0.2), ref.data_step(out, y, 0.2))  # the step streams x too
+    z = out.clone()
+    assert op.data_step(z, y, 0.2, out=z) is z  # in place: each streamed x row is computed before it is written
+    torch.testing.assert_close(z, ref.data_step(out, y, 0.2))
 
 
 @pytest.mark.parametrize("streams", [False, True])
 def test_adjoint_asks_for_streamed_stores_exactly_when_x_exceeds_the_cache(monkeypatch, streams):
-    """Aᵀ and pinv pass ``_streams(x)`` to the kernel; the data step never streams; and the compiled kernel does
-    contain non-temporal stores (x86-64: ``movnt``), so a lost ``!nontemporal`` would show."""
+    """Aᵀ, pinv and the data step pass ``_streams(x)`` to the kernel; and the compiled kernel does contain
+    non-temporal stores (x86-64: ``movnt``), so a lost ``!nontemporal`` would show."""
     monkeypatch.setattr(nb, "_streams", lambda t: streams)
     calls = []
     real = nb._run
@@ -112,8 +115,7 @@ def test_adjoint_asks_for_streamed_stores_exactly_when_x_exceeds_the_cache(monke
     x, y = rand((B, *op.x_shape), torch.float32), rand((B, *op.y_shape), torch.float32)
     op.adjoint(y), op.pinv(y), op.data_step(x, y, 0.2)
     assert [c for c in calls if c[0] == "adj_w"] == [("adj_w", streams)] * 2
-    step = [last for name, last in calls if name == "step_w"]
-    assert len(step) == 1 and type(step[0]) is int  # its last argument is R: no streaming flag
+    assert [c for c in calls if c[0] == "step_w"] == [("step_w", streams)]
     if streams and platform.machine() in ("x86_64", "AMD64"):  # the kernels' cached code cannot be inspected:
         import numba  # compile the row streamer afresh and look at its machine code
         import numpy as np

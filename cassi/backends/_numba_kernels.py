@@ -28,7 +28,8 @@ or by a plain loop (its ``*_serial`` twin, for forked children, where numba's Op
 Along w, Aᵀ (and ``pinv``) can write x with non-temporal stores (``nt``: each row computed into a scratch row,
 then ``_stream``-ed; the caller asks for it when x exceeds the last-level cache): they skip the read for
 ownership of x's lines (docs/benchmarks.md, "Non-temporal stores": Aᵀ 4.4 against 5.6–8.2 ms on the seed case
-at two threads). The data step keeps plain stores (streamed ones made it slower, measured).
+at two threads), and so can the data step (since its kernels take flat arrays, docs/benchmarks.md: 1.55–1.58×
+its floor against 1.81–1.94× with plain stores on the seed case at two threads).
 """
 import numpy as np
 from llvmlite import ir
@@ -274,7 +275,7 @@ def adj_w_serial(y, m, k, a, f, x, z, add, R, nt):
 
 
 @njit(**_HELPER)
-def _step_w_task(i, z, y, wt, m, k, a, f, x, u, R):
+def _step_w_task(i, z, y, wt, m, k, a, f, x, u, R, nt):
     C, H = z.shape[1], z.shape[2]
     nb = (H + R - 1) // R
     b, h0 = i // nb, (i % nb) * R
@@ -289,23 +290,31 @@ def _step_w_task(i, z, y, wt, m, k, a, f, x, u, R):
         for j in range(acc.shape[1]):
             ur[r, j] = yr[r, j] - acc[r, j]
             acc[r, j] = wr[r, j] * ur[r, j]
-    for c0 in range(0, C, _CB):  # plain stores (streamed ones were slower in 5 of 6 runs): no scratch row
-        _spread(af, np.uint64(0), Wy, x.reshape(-1), _at(x, b, 0, h0), mf, mo, zf, h1 - h0, c0, min(C, c0 + _CB),
-                H, W, m.shape[1], k, a, f, True, af, False)
+    xf, xo = x.reshape(-1), _at(x, b, 0, h0)
+    if nt:  # streamed x rows (a scratch row each); a call site per store kind keeps both loops vectorised
+        tmp = np.empty(W, dtype=x.dtype)
+        for c0 in range(0, C, _CB):
+            _spread(af, np.uint64(0), Wy, xf, xo, mf, mo, zf, h1 - h0, c0, min(C, c0 + _CB), H, W, m.shape[1], k, a,
+                    f, True, tmp, True)
+        _fence()
+    else:
+        for c0 in range(0, C, _CB):
+            _spread(af, np.uint64(0), Wy, xf, xo, mf, mo, zf, h1 - h0, c0, min(C, c0 + _CB), H, W, m.shape[1], k, a,
+                    f, True, af, False)
 
 
 @njit(**_JIT)
-def step_w(z, y, wt, m, k, a, f, x, u, R):
+def step_w(z, y, wt, m, k, a, f, x, u, R, nt):
     """u = y − A z and x = z + Aᵀ(wt ⊙ u) in one pass per (sample, block of R rows): the block of z is read
-    again from cache (R small enough for it to stay there)."""
+    again from cache (R small enough for it to stay there); ``nt``: x written with non-temporal stores."""
     for i in prange(z.shape[0] * ((z.shape[2] + R - 1) // R)):
-        _step_w_task(i, z, y, wt, m, k, a, f, x, u, R)
+        _step_w_task(i, z, y, wt, m, k, a, f, x, u, R, nt)
 
 
 @njit(**_SERIAL)
-def step_w_serial(z, y, wt, m, k, a, f, x, u, R):
+def step_w_serial(z, y, wt, m, k, a, f, x, u, R, nt):
     for i in range(z.shape[0] * ((z.shape[2] + R - 1) // R)):
-        _step_w_task(i, z, y, wt, m, k, a, f, x, u, R)
+        _step_w_task(i, z, y, wt, m, k, a, f, x, u, R, nt)
 
 
 # ----------------------------------------------------------------------------- dispersion along h

@@ -19,9 +19,9 @@ two passes (u first, then x).
   set both; in a forked child each kernel's serial twin runs (compiled there, or loaded from the on-disk cache,
   on its first call). numba's threading
   layer is OpenMP where it can load (one thread pool with torch's, see ``_kernels``).
-* Stores: Aᵀ and ``pinv`` write an x larger than the last-level cache with non-temporal stores (``_streams``),
-  which skip reading x's lines before writing them; a cache-sized x (a solver's cube) is written through the
-  cache, where its next step reads it.
+* Stores: Aᵀ, ``pinv`` and the data step write an x larger than the last-level cache with non-temporal stores
+  (``_streams``), which skip reading x's lines before writing them; a cache-sized x (a solver's cube) is written
+  through the cache, where its next step reads it.
 * Compilation: a few seconds per dtype and layout on first use; ``cache=True`` keeps the machine
   code on disk (``cassi/backends/__pycache__``, or ``NUMBA_CACHE_DIR``), so a later process loads
   it instead of compiling. ``import cassi`` does not import numba: the kernels are imported on the
@@ -258,7 +258,7 @@ class NumbaBackend(Backend):
             # a task's block of z (R × C × W) is read twice, the second time from cache: ≤ 2 MiB (L2 or L3; on the
             # seed case 64 rows took 1.72× the floor against 1.79× for 18 rows, ≤ 512 KB: docs/benchmarks.md)
             cap = max(1, 2 ** 21 // (g.bands * g.width * z.element_size()))
-            _run("step_w", zn, yn, wn, mn, k, a, f, xn, un, _rows_per_task(B, H, cap))
+            _run("step_w", zn, yn, wn, mn, k, a, f, xn, un, _rows_per_task(B, H, cap), _streams(x))
         return _finish(x, out), u
 
 
