@@ -147,6 +147,13 @@ def _rows_per_task(outer: int, H: int, cap: int) -> int:
     return max(1, min(cap, -(-H // blocks)))
 
 
+def _y_rows(g, t: torch.Tensor) -> int:
+    """The most y rows (W+Δ wide) a task of A or Aᵀ takes: 512 KB of them, which stay in L2 while the task's
+    bands stream past. Long blocks mean long x streams (a band's R rows are contiguous): on the seed case A took
+    1.16× its floor at 256 rows against 1.26× at 64 at two threads, 1.22× against 1.56× at one (docs/benchmarks.md)."""
+    return max(1, 2**19 // (g.out_width * t.element_size()))
+
+
 @lru_cache(maxsize=1)
 def _last_level_cache() -> int:
     """Bytes of the CPU's largest cache (Linux sysfs; 32 MiB where it cannot be read)."""
@@ -212,8 +219,8 @@ class NumbaBackend(Backend):
         k, a, f = _taps(g, x.dtype)
         if rows:
             _run("fwd_h", _np(x, rows), _np(mask, rows), k, a, f, yn)
-        else:  # 64 rows of y (W+Δ wide) stay in L2 while the bands are summed into them
-            _run("fwd_w", _np(x, rows), _np(mask, rows), k, a, f, yn, _rows_per_task(B, H, 64))
+        else:  # a task's y rows stay in L2 while the bands are summed into them
+            _run("fwd_w", _np(x, rows), _np(mask, rows), k, a, f, yn, _rows_per_task(B, H, _y_rows(g, x)))
         return _finish(y, out)
 
     def _adjoint(self, y, w, mask, g, out):
@@ -228,8 +235,8 @@ class NumbaBackend(Backend):
             _run("adj_h", yn, _np(mask, rows), k, a, f, xn, xn, False)
         else:
             groups = -(-g.bands // _kernels()._CB)
-            # a task's y rows (R × (W+Δ)) are read once per band group: ≤ 64 rows keep them in L2
-            _run("adj_w", yn, _np(mask, rows), k, a, f, xn, xn, False, _rows_per_task(B * groups, H, 64),
+            # a task's y rows (R × (W+Δ)) are read once per band group: kept in L2
+            _run("adj_w", yn, _np(mask, rows), k, a, f, xn, xn, False, _rows_per_task(B * groups, H, _y_rows(g, y)),
                  _streams(x))
         return _finish(x, out)
 
