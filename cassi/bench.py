@@ -351,7 +351,8 @@ def scaling(backend: str = "auto", sweeps: dict = SWEEPS, base: dict = SCALING_B
             warmup: int = 1, device: str = "cpu", dtype=torch.float32, max_x_gb: float = 2.0) -> list[dict]:
     """A then Aᵀ (``out=`` buffers) of ``backend`` over one-axis sweeps around ``base``: per point the
     bytes moved (``traffic``, read + write), ms, the floor of those reads and writes (``floor_ms``'s kernel, timed in
-    turn with the map), × floor and GB/s. Points whose x exceeds ``max_x_gb`` are skipped."""
+    turn with the map), × floor and GB/s. Points whose x exceeds ``max_x_gb`` are skipped; a point holds x, A's and
+    Aᵀ's outputs and the floor's two buffers at once (about 4 × x at the peak)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for sweep, values in sweeps.items():

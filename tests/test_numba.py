@@ -103,6 +103,22 @@ def test_streamed_stores_equal_loop(monkeypatch, geom, width, dtype, forked):
     torch.testing.assert_close(z, ref.data_step(out, y, 0.2))
 
 
+@pytest.mark.parametrize("mask_kind", ["3d", "batch"])
+@pytest.mark.parametrize("geom", ["step2", "frac"])
+def test_streamed_stores_with_per_band_and_per_sample_masks(monkeypatch, geom, mask_kind):
+    """The streamed kernels index a mask plane per band (3-D masks) and per sample (batches of masks) alike:
+    Aᵀ, pinv and the data step (fresh and in place) equal loop's, in float32 and float64."""
+    monkeypatch.setattr(nb, "_streams", lambda t: True)
+    for dtype in (torch.float32, torch.float64):
+        op, ref = make_op(mask_kind, geom, "w", "numba", dtype, w=37), make_op(mask_kind, geom, "w", "loop", dtype, w=37)
+        y, z = rand((B, *op.y_shape), dtype), rand((B, *op.x_shape), dtype, seed=2)
+        torch.testing.assert_close(op.adjoint(y), ref.adjoint(y))
+        torch.testing.assert_close(op.pinv(y), ref.pinv(y))
+        expect = ref.data_step(z, y, 0.3)
+        torch.testing.assert_close(op.data_step(z, y, 0.3), expect)
+        torch.testing.assert_close(op.data_step(z, y, 0.3, out=z), expect)
+
+
 @pytest.mark.parametrize("streams", [False, True])
 def test_adjoint_asks_for_streamed_stores_exactly_when_x_exceeds_the_cache(monkeypatch, streams):
     """Aᵀ, pinv and the data step pass ``_streams(x)`` to the kernel; and the compiled kernel does contain

@@ -28,8 +28,8 @@ or by a plain loop (its ``*_serial`` twin, for forked children, where numba's Op
 Along w, Aᵀ (and ``pinv``) can write x with non-temporal stores (``nt``: each row computed into a scratch row,
 then ``_stream``-ed; the caller asks for it when x exceeds the last-level cache): they skip the read for
 ownership of x's lines (docs/benchmarks.md, "Non-temporal stores": Aᵀ 4.4 against 5.6–8.2 ms on the seed case
-at two threads), and so can the data step (since its kernels take flat arrays, docs/benchmarks.md: 1.55–1.58×
-its floor against 1.81–1.94× with plain stores on the seed case at two threads).
+at two threads), and so can the data step (since its kernels take flat arrays, docs/benchmarks.md: 1.51–1.60×
+its floor against 1.74–1.94× with plain stores on the seed case at two threads).
 """
 import numpy as np
 from llvmlite import ir
@@ -102,7 +102,7 @@ def _accumulate(af, ao, aw, xf, xo, mf, mo, R, C, H, W, Cm, k, a, f):
     seed case, docs/benchmarks.md), its edges band by band. Offsets are unsigned (uint64) and the arrays flat:
     numba checks a signed index for wrap-around (a branch per element that also keeps LLVM from vectorising,
     3.5× slower, measured), and a row's slice objects cost as much as its short edge loops (flat unsigned
-    offsets: A 8–10 % faster at one thread, 3–10 % at two, docs/benchmarks.md)."""
+    offsets: A 7–10 % faster at one thread, 4–8 % at two, docs/benchmarks.md)."""
     U = np.uint64
     plane, Wu, awu = U(H) * U(W), U(W), U(aw)
     for c0 in range(0, C, _CB):
@@ -144,12 +144,12 @@ def _accumulate(af, ao, aw, xf, xo, mf, mo, R, C, H, W, Cm, k, a, f):
                         i = U(t)
                         af[dc + i] += mf[mc + i] * xf[xc + i]
             continue
-        for c in range(c0, min(C, c0 + _CB)):
-            kc, fc = k[c], f[c]
-            xc = xo + U(c) * plane
-            mc = mo + (U(c) * plane if Cm > 1 else U(0))
-            for r in range(R):
-                d, p, q = ao + U(r) * awu + U(kc), xc + U(r) * Wu, mc + U(r) * Wu
+        for r in range(R):  # rows outer, the group's bands inner: acc's row stays in L1 across them
+            for c in range(c0, min(C, c0 + _CB)):
+                kc, fc = k[c], f[c]
+                d = ao + U(r) * awu + U(kc)
+                p = xo + U(c) * plane + U(r) * Wu
+                q = mo + (U(c) * plane if Cm > 1 else U(0)) + U(r) * Wu
                 if fc == 0:
                     for t in range(W):
                         i = U(t)
