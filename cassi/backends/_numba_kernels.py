@@ -291,16 +291,12 @@ def _step_w_task(i, z, y, wt, m, k, a, f, x, u, R, nt):
             ur[r, j] = yr[r, j] - acc[r, j]
             acc[r, j] = wr[r, j] * ur[r, j]
     xf, xo = x.reshape(-1), _at(x, b, 0, h0)
-    if nt:  # streamed x rows (a scratch row each); a call site per store kind keeps both loops vectorised
-        tmp = np.empty(W, dtype=x.dtype)
-        for c0 in range(0, C, _CB):
-            _spread(af, np.uint64(0), Wy, xf, xo, mf, mo, zf, h1 - h0, c0, min(C, c0 + _CB), H, W, m.shape[1], k, a,
-                    f, True, tmp, True)
+    tmp = np.empty(W if nt else 0, dtype=x.dtype)  # the streamed row's scratch
+    for c0 in range(0, C, _CB):
+        _spread(af, np.uint64(0), Wy, xf, xo, mf, mo, zf, h1 - h0, c0, min(C, c0 + _CB), H, W, m.shape[1], k, a, f,
+                True, tmp, nt)
+    if nt:
         _fence()
-    else:
-        for c0 in range(0, C, _CB):
-            _spread(af, np.uint64(0), Wy, xf, xo, mf, mo, zf, h1 - h0, c0, min(C, c0 + _CB), H, W, m.shape[1], k, a,
-                    f, True, af, False)
 
 
 @njit(**_JIT)
