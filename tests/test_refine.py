@@ -80,10 +80,12 @@ def test_solver_specs():
     assert isinstance(build_solver(PINV), PseudoInverse)
     solver = GAPTV(iters=3)
     assert build_solver(solver) is solver
-    with pytest.raises(ValueError, match="cannot be imported"):
+    with pytest.raises(ValueError, match="'cassi.solvers.Nope' is not a registered cassi class"):
         build_solver({"_target_": "cassi.solvers.Nope"})
-    with pytest.raises(ValueError, match="is not a subclass of Solver"):
+    with pytest.raises(ValueError, match="not a registered"):  # importable, but not cassi's: not imported
         build_solver({"_target_": "torch.nn.Linear"})
+    with pytest.raises(ValueError, match="'GAPNet' is cassi.models.unrolled.GAPNet, not a Solver"):
+        build_solver({"_target_": "GAPNet"})
     with pytest.raises(ValueError, match="solver must be a dict"):
         Refiner(bands=5, solver="gap_tv")
     with pytest.raises(ValueError, match="_recursive_=False"):  # an object would not load with weights_only

@@ -2,19 +2,20 @@
 
 A cassi checkpoint is a Lightning checkpoint written by ``cassi.lightning.TrainingModule``; besides
 the weights (``state_dict``, EMA weights when EMA was on) it holds an entry ``"cassi"``:
-{"model": {"_target_": class path, **constructor arguments}, "geometry": {"offsets", "axis",
+{"model": {"_target_": a registered class (:mod:`cassi.registry`), **constructor arguments}, "geometry": {"offsets", "axis",
 "bands"}, "wavelengths": [nm] | None}. ``pretrained/<name>`` names a checkpoint shipped in
 ``cassi/pretrained/<name>.ckpt``.
 """
 from __future__ import annotations
 
-import importlib
 import io
 import os
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from cassi.registry import resolve
 
 __all__ = ["export_weights", "load_model", "load_prior", "resolve_checkpoint", "PRETRAINED_DIR"]
 
@@ -50,26 +51,17 @@ def _read(path: Path) -> dict:
     return ckpt
 
 
-def import_class(target: str, base: type, what: str) -> type:
-    """The class named by ``target`` ("package.module.Class"), a subclass of ``base``; ValueError naming
-    ``what`` (e.g. "model class") when it cannot be imported or is not such a class."""
-    module, _, name = target.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"{what} {target!r} cannot be imported ({e})") from e
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise ValueError(f"{what} {target!r} is not a subclass of {base.__name__}")
-    return cls
-
-
-def _build(spec: dict, path: Path) -> nn.Module:
+def _build(spec, path: Path) -> nn.Module:
+    """The model a checkpoint's spec {"_target_": registered class name, **arguments} describes; ValueError
+    naming the file when the class is not registered (nothing is imported) or the arguments do not fit."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: the model spec must be a dict {{'_target_': ..., **arguments}}, got {type(spec).__name__}")
     spec = dict(spec)
     try:
-        cls = import_class(spec.pop("_target_", ""), nn.Module, "model class")
-    except ValueError as e:
+        cls = resolve(spec.pop("_target_", None), nn.Module, "model class")
+        return cls(**spec)
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
-    return cls(**spec)
 
 
 def load_model(path, map_location="cpu", operator=None) -> nn.Module:

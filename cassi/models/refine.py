@@ -22,10 +22,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from cassi.data.datasets import stable_seed
+from cassi.registry import resolve
 from cassi.models.blocks import UNet
-from cassi.models.checkpoint import import_class
 from cassi.models.unrolled import Unrolled, _config, _plain
 from cassi.solvers.base import Solver
+from cassi.registry import register
 
 __all__ = ["Refiner", "FirstIterates", "build_solver", "DEFAULT_SOLVER"]
 
@@ -36,13 +37,14 @@ DEFAULT_SOLVER = {"_target_": "cassi.solvers.GAPTV", "iters": 80, "tv_weight": 0
 
 
 def build_solver(spec) -> Solver:
-    """A :class:`cassi.solvers.Solver` from {"_target_": class path, **arguments} (or a Solver, returned as is)."""
+    """A :class:`cassi.solvers.Solver` from {"_target_": a registered solver (:mod:`cassi.registry`), **arguments}
+    (or a Solver, returned as is)."""
     if isinstance(spec, Solver):
         return spec
     if not isinstance(spec, dict) or not isinstance(spec.get("_target_"), str):
         raise ValueError(f"solver must be a dict {{'_target_': 'cassi.solvers.GAPTV', ...}}, got {spec!r}")
     args = dict(spec)
-    return import_class(args.pop("_target_"), Solver, "solver class")(**args)
+    return resolve(args.pop("_target_"), Solver, "solver class")(**args)
 
 
 def _scale(x0: torch.Tensor) -> torch.Tensor:
@@ -63,6 +65,7 @@ def stage_shapes(config: dict) -> list[tuple[int, int]]:
     return list(zip(*out))
 
 
+@register
 class Refiner(Unrolled):
     """x_k = x_{k−1} + s_k·U_k([x_{k−1}, r_{k−1}]/s_k), k = 1..K: residual U-Nets correcting a solver's
     reconstruction x₀, each from what the last estimate leaves of the measurement, r = A⁺(y − A x).

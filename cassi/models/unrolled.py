@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cassi.models.blocks import HalfShuffleTransformer, ResStack, StageEstimator, UNet
+from cassi.registry import register
 
 PRIORS = {"unet": UNet, "resstack": ResStack}
 
@@ -155,6 +156,7 @@ def _short(offs) -> str:
     return str(list(offs)) if len(offs) <= 4 else f"[{offs[0]:g}, {offs[1]:g}, …, {offs[-1]:g}] ({len(offs)} bands)"
 
 
+@register
 class GAPNet(Unrolled):
     """GAP-Net (Meng et al. 2020): x_k = z + λ_k·Aᵀ((y − A z) ⊘ Φ), z_k = U-Net_k(x_k).
 
@@ -178,6 +180,7 @@ class GAPNet(Unrolled):
         return {"z": self._prior(k, x)}
 
 
+@register
 class ADMMNet(Unrolled):
     """ADMM-Net (Ma et al. 2019, as in the MST toolbox): x_k = z + b + Aᵀ((y − A(z + b)) ⊘ (Φ + ρ_k)),
     z_k = U-Net_k(x_k − b), b ← b − (x_k − z_k), from z = A⁺y, b = 0.
@@ -203,6 +206,7 @@ class ADMMNet(Unrolled):
         return {"b": b - (x - z), "z": z}
 
 
+@register
 class DAUHST(Unrolled):
     """DAUHST-style (Cai et al. 2022, degradation-aware unfolding half-shuffle transformer).
 

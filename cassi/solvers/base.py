@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 from cassi._checks import check_number
+from cassi.registry import register
 
 __all__ = ["Result", "Solver", "PseudoInverse", "check_int", "check_number", "psnr"]
 
@@ -124,6 +125,7 @@ class Solver:
         return {}
 
 
+@register
 class PseudoInverse(Solver):
     """x = A⁺ y = Aᵀ(y ⊘ Φ) (0 where Φ = 0): no iterations, the usual initialisation."""
 

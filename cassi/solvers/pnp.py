@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 from cassi._checks import check_number
+from cassi.registry import register
 from cassi.solvers.base import Solver, schedule
 from cassi.solvers.tv import TVDenoiser
 
@@ -55,6 +56,7 @@ class _PnP(Solver):
         return {} if self._sigmas is None else {"sigma": torch.tensor(self._sigmas[:k])}
 
 
+@register
 class GAP(_PnP):
     """Generalized alternating projection (Liao, Li & Carin 2014), accelerated as in GAP-TV (Yuan 2016).
 
@@ -87,6 +89,7 @@ class GAP(_PnP):
         return s.v, op(s.v, out=s.av)
 
 
+@register
 class ADMM(_PnP):
     """ADMM / PnP-ADMM (Chan et al. 2017; for SCI: Yuan et al. 2020), scaled dual u.
 
@@ -113,6 +116,7 @@ class ADMM(_PnP):
         return s.v, op(s.v, out=s.av)
 
 
+@register
 class GAPTV(GAP):
     """GAP with the TV denoiser (GAP-TV, Yuan 2016): weight schedule w_k = max(tv_weight·decay^k, weight_min)
     or stages [(n, w), ...]; tv_iters dual steps per call; spectral_weight > 0: spatial–spectral TV.
@@ -126,6 +130,7 @@ class GAPTV(GAP):
                          *sched, tol=tol)
 
 
+@register
 class ADMMTV(ADMM):
     """ADMM with the TV denoiser; parameters and defaults as in :class:`GAPTV`, plus rho ρ."""
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from cassi._checks import check_number
+from cassi.registry import register
 from cassi.solvers.base import Solver
 from cassi.solvers.tv import TVDenoiser, tv_norm
 
@@ -36,6 +37,7 @@ def twist_parameters(lam1: float = 1e-4, lamN: float = 1.0) -> tuple[float, floa
     return alpha, 2 * alpha / (lam1 + lamN)
 
 
+@register
 class TwIST(Solver):
     """TwIST with the TV denoiser Ψ (see module doc). x (B, C, H, W) from y (B, 1, H, W+Δ).
 
