@@ -28,7 +28,7 @@ from cassi.registry import register
 
 PRIORS = {"unet": UNet, "resstack": ResStack}
 
-__all__ = ["Unrolled", "GAPNet", "ADMMNet", "DAUHST"]
+__all__ = ["Reconstructor", "Unrolled", "GAPNet", "ADMMNet", "DAUHST"]
 
 
 def _plain(v):
@@ -55,47 +55,24 @@ def _inverse_softplus(v: float) -> float:
     return math.log(math.expm1(v))
 
 
-class Unrolled(nn.Module):
-    """Base class: the stage loop, geometry checks, optional activation checkpointing per stage.
-
-    Args:
-        bands: C, the band count the priors are built for (must equal ``op.bands``).
-        stages: K, the number of unrolled stages.
-        share: one prior for all stages (weights shared) instead of one per stage.
-        checkpointing: recompute each stage's activations in backward (saves memory in training).
-        normalize: run the stages on y/s and return s·x with s = mean(A⁺y)/0.5 per sample, so that
-            model(op, a·y) = a·model(op, y): the priors see every scene at one brightness (exact, since
-            the data steps are linear in (z, y)).
-
-    Subclasses build ``self.priors`` (K modules, or 1 when shared) and implement
-    ``_stage(k, op, y, state) -> state`` on a dict state whose "z" is the stage output.
-    """
+class Reconstructor(nn.Module):
+    """Base class of cassi's learned models: called like a solver, ``model(op, y) -> x`` (B, C, H, W), with
+    ``bands`` (C), ``config`` (the constructor call, stored in checkpoints) and, once loaded from a checkpoint,
+    ``geometry`` (the dispersion it was trained for) and ``source`` (the file). :meth:`check` refuses an
+    operator of another band count or dispersion with one line naming both."""
 
     #: set when loaded from a checkpoint: {"offsets": [...], "axis": "w"} it was trained for, and its path
     geometry: dict | None = None
     source: str | None = None
-
-    def __init__(self, bands: int, stages: int, share: bool = False, checkpointing: bool = False,
-                 normalize: bool = False):
-        super().__init__()
-        for name, v in (("bands", bands), ("stages", stages)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        self.bands, self.stages, self.share, self.checkpointing = bands, stages, share, checkpointing
-        self.normalize = normalize
+    bands: int
 
     def __repr__(self) -> str:
-        """One line, like a solver's (used as the method's name in tables and reports); the layers:
-        ``print(model.priors)``."""
+        """One line, like a solver's (used as the method's name in tables and reports); print a submodule
+        (e.g. ``model.priors``) for its layers."""
         n = sum(p.numel() for p in self.parameters())
         where = f", from {self.source}" if self.source else ""
-        return f"{type(self).__name__}(bands={self.bands}, stages={self.stages}, {n / 1e6:.3g} M parameters{where})"
-
-    def _make_priors(self, make) -> nn.ModuleList:
-        return nn.ModuleList(make() for _ in range(1 if self.share else self.stages))
-
-    def prior(self, k: int) -> nn.Module:
-        return self.priors[0 if self.share else k]
+        stages = f", stages={self.stages}" if isinstance(getattr(self, "stages", None), int) else ""
+        return f"{type(self).__name__}(bands={self.bands}{stages}, {n / 1e6:.3g} M parameters{where})"
 
     def check(self, op) -> None:
         """ValueError when ``op``'s band count (or, for a loaded checkpoint, its dispersion) differs."""
@@ -111,6 +88,38 @@ class Unrolled(nn.Module):
                 raise ValueError(f"{where} was trained for dispersion offsets {_short(offs)} along {axis!r}, "
                                  f"but the operator has offsets {_short(op.offsets)} along {op.axis!r}; "
                                  f"set operator.step/operator.offsets/operator.axis to match or use another model")
+
+
+class Unrolled(Reconstructor):
+    """Base class: the stage loop, geometry checks, optional activation checkpointing per stage.
+
+    Args:
+        bands: C, the band count the priors are built for (must equal ``op.bands``).
+        stages: K, the number of unrolled stages.
+        share: one prior for all stages (weights shared) instead of one per stage.
+        checkpointing: recompute each stage's activations in backward (saves memory in training).
+        normalize: run the stages on y/s and return s·x with s = mean(A⁺y)/0.5 per sample, so that
+            model(op, a·y) = a·model(op, y): the priors see every scene at one brightness (exact, since
+            the data steps are linear in (z, y)).
+
+    Subclasses build ``self.priors`` (K modules, or 1 when shared) and implement
+    ``_stage(k, op, y, state) -> state`` on a dict state whose "z" is the stage output.
+    """
+
+    def __init__(self, bands: int, stages: int, share: bool = False, checkpointing: bool = False,
+                 normalize: bool = False):
+        super().__init__()
+        for name, v in (("bands", bands), ("stages", stages)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.bands, self.stages, self.share, self.checkpointing = bands, stages, share, checkpointing
+        self.normalize = normalize
+
+    def _make_priors(self, make) -> nn.ModuleList:
+        return nn.ModuleList(make() for _ in range(1 if self.share else self.stages))
+
+    def prior(self, k: int) -> nn.Module:
+        return self.priors[0 if self.share else k]
 
     def _init(self, op, y: torch.Tensor, x0: torch.Tensor) -> dict:
         return {"z": x0}

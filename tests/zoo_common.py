@@ -1,0 +1,85 @@
+"""Shared by the zoo tests and tests/make_zoo_reference.py: seeded scenes, masks and weights, and the compact
+reference outputs of the MST toolbox's code (tests/data/zoo/<method>.pt).
+
+A reference holds no weights and no code: the test regenerates the weights from a seed
+(cassi.models.zoo.toolbox.seeded_state, in the cassi model's key order) and the scene and mask from seeds; the
+file stores the toolbox model's output at seeded sample positions, its per-band means, its peak, and the
+toolbox's state-dict keys (to rebuild a toolbox-format .pth for the conversion test).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from cassi import CASSI
+from cassi.models.zoo import toolbox
+
+REF_DIR = Path(__file__).parent / "data" / "zoo"
+SAMPLES = 4096  # output positions stored per reference
+
+
+def scene(shape, seed: int = 1) -> torch.Tensor:
+    """A seeded cube (1, C, H, W) in [0, 1): smooth along bands, so that models see a plausible spectrum."""
+    g = torch.Generator().manual_seed(seed)
+    c, h, w = shape
+    base = torch.rand(1, 4, h, w, generator=g)
+    weights = torch.rand(c, 4, generator=g)
+    x = torch.einsum("ck,bkhw->bchw", weights / weights.sum(1, keepdim=True), base)
+    return (0.7 * x + 0.3 * torch.rand(1, c, h, w, generator=g)).float()
+
+
+def mask(shape, seed: int = 2) -> torch.Tensor:
+    """A seeded Bernoulli(0.5) mask (H, W), float32."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) > 0.5).float()
+
+
+def positions(shape, seed: int = 3, n: int = SAMPLES) -> torch.Tensor:
+    """n seeded flat indices into an output of ``shape`` (C, H, W)."""
+    g = torch.Generator().manual_seed(seed)
+    total = int(torch.tensor(shape).prod())
+    return torch.randint(0, total, (n,), generator=g)
+
+
+def summary(out: torch.Tensor, seed: int = 3) -> dict:
+    """{"values": out at seeded positions (float32), "band_mean": per-band means (float64), "peak"}."""
+    o = out.detach()[0].double()
+    return {"values": o.flatten()[positions(o.shape, seed)].float(), "band_mean": o.mean(dim=(1, 2)),
+            "peak": float(o.abs().max())}
+
+
+def load_reference(method: str) -> dict:
+    return torch.load(REF_DIR / f"{method}.pt", map_location="cpu", weights_only=True)
+
+
+def cassi_output(method: str, ref: dict, model=None) -> torch.Tensor:
+    """The cassi model of ``method`` (seeded weights unless ``model`` is given) on the reference's scene."""
+    c, h, w = ref["shape"]
+    x = scene((c, h, w), ref["scene_seed"])
+    op = CASSI(mask((h, w), ref["mask_seed"]), bands=c, step=2)
+    if model is None:
+        model = toolbox.build(method)
+        model.load_state_dict(toolbox.seeded_state(model, ref["weight_seed"]))
+    with torch.no_grad():
+        return model.eval()(op, op(x))
+
+
+def assert_matches(out: torch.Tensor, ref: dict, tol: float = 1e-4) -> None:
+    """``out`` equals the toolbox's output within ``tol`` of its peak at every stored position and per band."""
+    got = summary(out, ref["positions_seed"])
+    assert tuple(out.shape[1:]) == tuple(ref["shape"]), (tuple(out.shape), ref["shape"])
+    bound = tol * ref["peak"]
+    err = (got["values"].double() - ref["values"].double()).abs().max().item()
+    assert err <= bound, f"max error {err:.3g} at sampled positions > {bound:.3g} (1e-4 of the peak {ref['peak']:.4g})"
+    err = (got["band_mean"] - ref["band_mean"]).abs().max().item()
+    assert err <= bound, f"per-band mean error {err:.3g} > {bound:.3g}"
+
+
+def toolbox_checkpoint(method: str, ref: dict, path: Path, prefix: str = "module.") -> Path:
+    """A toolbox-format .pth (its key names, ``prefix`` as DataParallel writes) holding the seeded weights."""
+    model = toolbox.build(method)
+    seeded = toolbox.seeded_state(model, ref["weight_seed"])
+    rename = toolbox.METHODS[method].rename or (lambda k: k)
+    torch.save({prefix + k: seeded[rename(k)] for k in ref["toolbox_keys"]}, path)
+    return path
