@@ -52,6 +52,7 @@ def test_training_writes_checkpoints_config_and_a_test_table(trained):
     assert (trained / ".hydra" / "config.yaml").is_file()  # the composed config beside the run
     best = torch.load(next((trained / "checkpoints").glob("best-*.ckpt")), weights_only=True)
     assert best["cassi"]["geometry"] == {"offsets": [0.0, 2.0, 4.0, 6.0, 8.0, 10.0], "axis": "w", "bands": 6}
+    assert best["cassi"]["camera"] == {"masks": {"kind": "bernoulli", "p": 0.5}, "noise": None}  # data=synthetic's
     callbacks = {k: v for k, v in best["callbacks"].items() if k.startswith("ModelCheckpoint{'monitor': 'val/psnr'")}
     assert callbacks, "the best checkpoint is chosen on val/psnr"
     rows = json.loads((trained / "test_results.json").read_text())["scenes"]

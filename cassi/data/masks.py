@@ -5,9 +5,11 @@ sample is (B, 1, H, W), which broadcasts over the C bands of (B, C, H, W).
 """
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
-__all__ = ["bernoulli_mask", "random_crops", "center_crop"]
+__all__ = ["bernoulli_mask", "random_crops", "center_crop", "mask_stats", "segment_hashes", "row_segment_hashes", "SEGMENT"]
 
 
 def _check_int(name: str, value, minimum: int = 1) -> int:
@@ -111,3 +113,33 @@ def center_crop(mask: torch.Tensor, size) -> torch.Tensor:
     _check_crop(mask, h, w)
     top, left = (mask.shape[-2] - h) // 2, (mask.shape[-1] - w) // 2
     return mask[..., top:top + h, left:left + w]
+
+
+def mask_stats(mask: torch.Tensor) -> dict:
+    """{"sha256" (of the float32 values, C-order), "shape", "fill" (mean), "binary"} of one mask (.., H, W)."""
+    m = torch.as_tensor(mask).detach().to("cpu", torch.float32).contiguous()
+    return {"sha256": hashlib.sha256(m.numpy().tobytes()).hexdigest(), "shape": list(m.shape),
+            "fill": round(float(m.mean()), 4), "binary": bool(((m == 0) | (m == 1)).all())}
+
+
+#: length of the row segments that identify windows of a mask (:func:`segment_hashes`)
+SEGMENT = 64
+
+
+def _hash(values) -> int:
+    return int.from_bytes(hashlib.sha256(values.tobytes()).digest()[:8], "little", signed=True)
+
+
+def segment_hashes(mask: torch.Tensor, every: int = SEGMENT) -> list[int]:
+    """Hashes (64-bit) of the mask's row segments of :data:`SEGMENT` pixels starting at columns 0, every, 2·every…
+    of every row (the last dim is the row): a window of the mask at least 2·SEGMENT wide contains one of them in
+    its first row, so a window can be recognised without storing the mask (only these hashes)."""
+    m = torch.as_tensor(mask).detach().to("cpu", torch.float32).reshape(-1, mask.shape[-1]).contiguous().numpy()
+    return sorted({_hash(m[r, c:c + SEGMENT]) for r in range(m.shape[0])
+                   for c in range(0, m.shape[1] - SEGMENT + 1, every)})
+
+
+def row_segment_hashes(row: torch.Tensor) -> list[int]:
+    """Hashes of the row's segments of :data:`SEGMENT` pixels at the first SEGMENT offsets (see :func:`segment_hashes`)."""
+    r = torch.as_tensor(row).detach().to("cpu", torch.float32).contiguous().numpy()
+    return [_hash(r[j:j + SEGMENT]) for j in range(min(SEGMENT, r.shape[0] - SEGMENT + 1))]

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from cassi import io
-from cassi.data.masks import center_crop, random_crops
+from cassi.data.masks import center_crop, mask_stats, random_crops, segment_hashes
 from cassi.data.noise import Compose
 from cassi.operator import CASSI
 
@@ -36,6 +36,12 @@ class _FromMask:
         if device not in self._on:
             self._on[device] = self.mask.to(device)
         return self._on[device]
+
+    def describe(self) -> dict:
+        """The mask's record in a checkpoint's camera (:mod:`cassi.models.camera`): kind, fingerprint, statistics."""
+        if isinstance(self, RandomMaskCrops):  # windows of it are recognised by the hashes of its row segments
+            return {"kind": "crops", **mask_stats(self.mask), "segments": segment_hashes(self.mask)}
+        return {"kind": "fixed", **mask_stats(self.mask)}
 
     def _fits(self, height: int, width: int) -> None:
         H, W = self.mask.shape[-2:]
@@ -84,6 +90,9 @@ class BernoulliMasks:
         if not 0 < p <= 1:
             raise ValueError(f"p must be in (0, 1], got {p!r}")
         self.p = float(p)
+
+    def describe(self) -> dict:
+        return {"kind": "bernoulli", "p": self.p}
 
     def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
         where = generator.device if generator is not None else device

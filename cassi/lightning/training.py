@@ -21,6 +21,7 @@ import cassi
 from cassi.data.datasets import _wavelengths
 from cassi.lightning.module import ReconstructionModule
 from cassi.metrics import all_metrics
+from cassi.models.camera import describe_camera
 from cassi.models.checkpoint import load_model
 from cassi.models.losses import ReconstructionLoss
 from cassi.models.refine import stage_shapes
@@ -95,6 +96,7 @@ class TrainingModule(ReconstructionModule):
         Refiner may have more stages than the checkpoint's: its first stages start from those (stage-wise
         training, see ``cassi.models.FirstIterates``), and another first-iterate solver, ``project`` or ``flip_ensemble``."""
         trained = load_model(path)
+        model.camera = getattr(trained, "camera", None)  # kept when the run's data record none
         refiner = type(model).__name__ == "Refiner"  # its first iterate and how stages chain are not in the weights
         ignore = {"checkpointing"} | ({"project", "solver", "flip_ensemble"} if refiner else set()) | (
             {"stages"} if refiner and trained.config.get("stages", 1) <= config.get("stages", 1) else set())
@@ -193,7 +195,19 @@ class TrainingModule(ReconstructionModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["cassi"] = {"model": dict(self.reconstructor.config), "geometry": self.geometry,
-                               "wavelengths": self.wavelengths, "version": cassi.__version__}
+                               "wavelengths": self.wavelengths, "version": cassi.__version__,
+                               "camera": self._camera()}
+
+    def _camera(self) -> dict | None:
+        """The camera the model is trained for (:mod:`cassi.models.camera`): the training data's simulator (the
+        datamodule's, or that of a first-iterate pool), or the camera recorded in ``init_weights``."""
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        train = getattr(dm, "datasets", {}).get("train") if dm is not None else None
+        for sim in (getattr(train, "simulator", None), getattr(dm, "simulator", None)):
+            camera = describe_camera(sim)
+            if camera is not None:
+                return camera
+        return getattr(self.reconstructor, "camera", None)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.geometry = checkpoint.get("cassi", {}).get("geometry")

@@ -81,6 +81,7 @@ def load_model(path, map_location="cpu", operator=None) -> nn.Module:
         raise ValueError(f"{path}: the weights do not fit {info['model'].get('_target_')}: "
                          f"{str(e).splitlines()[0]}") from e
     model.geometry = info.get("geometry")
+    model.camera = info.get("camera")  # the training masks and noise (cassi.models.camera): checked per operator
     model.wavelengths = info.get("wavelengths")
     model.source = str(path)
     if operator is not None:

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cassi.models.blocks import HalfShuffleTransformer, ResStack, StageEstimator, UNet
+from cassi.models.camera import check_camera
 from cassi.registry import register
 
 PRIORS = {"unet": UNet, "resstack": ResStack}
@@ -64,6 +65,7 @@ class Reconstructor(nn.Module):
     #: set when loaded from a checkpoint: {"offsets": [...], "axis": "w"} it was trained for, and its path
     geometry: dict | None = None
     source: str | None = None
+    camera: dict | None = None  # the masks and noise it was trained for (cassi.models.camera)
     bands: int
 
     def __repr__(self) -> str:
@@ -75,7 +77,8 @@ class Reconstructor(nn.Module):
         return f"{type(self).__name__}(bands={self.bands}{stages}, {n / 1e6:.3g} M parameters{where})"
 
     def check(self, op) -> None:
-        """ValueError when ``op``'s band count (or, for a loaded checkpoint, its dispersion) differs."""
+        """ValueError when ``op``'s band count (or, for a loaded checkpoint, its dispersion) differs; one
+        warning line when its mask is not one the model was trained for (:func:`cassi.models.camera.check_camera`)."""
         where = f"the model from {self.source}" if self.source else f"this {type(self).__name__}"
         if op.bands != self.bands:
             raise ValueError(f"{where} reconstructs {self.bands} bands but the operator has {op.bands}; "
@@ -88,6 +91,7 @@ class Reconstructor(nn.Module):
                 raise ValueError(f"{where} was trained for dispersion offsets {_short(offs)} along {axis!r}, "
                                  f"but the operator has offsets {_short(op.offsets)} along {op.axis!r}; "
                                  f"set operator.step/operator.offsets/operator.axis to match or use another model")
+        check_camera(self, op)
 
 
 class Unrolled(Reconstructor):

@@ -1,0 +1,73 @@
+"""Models know their camera: checkpoints record the training masks and noise; another mask logs one warning."""
+import logging
+
+import pytest
+import torch
+
+from cassi import CASSI
+from cassi.data.masks import center_crop
+from cassi.data.noise import ShotNoise
+from cassi.data.simulate import BernoulliMasks, FixedMask, RandomMaskCrops, Simulator
+from cassi.models import load_model
+from cassi.models.camera import check_camera, describe_camera
+
+
+def _warnings(caplog, model, mask, bands=28):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cassi.models"):
+        ok = check_camera(model, CASSI(mask, bands=bands, step=2))
+    return ok, [r.getMessage() for r in caplog.records if r.name == "cassi.models"]
+
+
+def test_describe_records_each_mask_source_and_the_noise():
+    big = (torch.rand(200, 300) > 0.5).float()
+    crops = describe_camera(Simulator(RandomMaskCrops(big), bands=4, noise=ShotNoise(photons=100)))
+    assert crops["masks"]["kind"] == "crops" and crops["masks"]["shape"] == [200, 300]
+    assert crops["masks"]["segments"] and crops["noise"].startswith("ShotNoise(photons=100")
+    assert describe_camera(Simulator(FixedMask(big), bands=4))["masks"]["kind"] == "fixed"
+    assert describe_camera(Simulator(BernoulliMasks(0.3)))["masks"] == {"kind": "bernoulli", "p": 0.3}
+    assert describe_camera(object()) is None
+
+
+def test_a_window_of_the_training_mask_fits_and_another_mask_warns_once(caplog):
+    g = torch.Generator().manual_seed(0)
+    big = torch.rand(300, 320, generator=g)  # a calibrated (non-binary) mask
+    model = torch.nn.Module()
+    model.camera, model.source = describe_camera(Simulator(RandomMaskCrops(big))), "trained.ckpt"
+    for window in (big, big[17:273, 33:289], big[:130, 190:320]):
+        assert _warnings(caplog, model, window) == (True, [])
+    other = torch.rand(256, 256, generator=g)  # same statistics, another mask
+    ok, msgs = _warnings(caplog, model, other)
+    assert not ok and len(msgs) == 1 and "trained.ckpt was trained for random crops of the mask" in msgs[0]
+    assert _warnings(caplog, model, other) == (False, [])  # once per model and mask
+
+
+def test_bernoulli_camera_accepts_its_kind_only(caplog):
+    model = torch.nn.Module()
+    model.camera = describe_camera(Simulator(BernoulliMasks(0.5)))
+    g = torch.Generator().manual_seed(1)
+    assert _warnings(caplog, model, (torch.rand(64, 64, generator=g) < 0.5).float()) == (True, [])
+    ok, msgs = _warnings(caplog, model, (torch.rand(64, 64, generator=g) < 0.2).float())
+    assert not ok and "Bernoulli(0.5) masks" in msgs[0] and "fill 0.2" in msgs[0]
+
+
+def test_shipped_demo_model_warns_on_another_camera_when_called(caplog):
+    model = load_model("pretrained/synthetic_demo")
+    assert model.camera["masks"] == {"kind": "bernoulli", "p": 0.5}
+    op = CASSI(torch.full((32, 48), 0.7), bands=28, step=2)  # a grey (non-binary) mask
+    with caplog.at_level(logging.WARNING, logger="cassi.models"):
+        model.check(op)
+    assert any("synthetic_demo.ckpt was trained for Bernoulli(0.5) masks" in r.getMessage() for r in caplog.records)
+
+
+def test_shipped_tsa_models_know_their_masks(caplog, shared_data):
+    tsa = FixedMask(shared_data / "masks" / "tsa_simu_mask_256.mat").mask
+    real = FixedMask(shared_data / "masks" / "tsa_real_mask_660.mat").mask
+    bern = (torch.rand(256, 256, generator=torch.Generator().manual_seed(2)) < 0.5).float()
+    cave_tsa, tsa_real = load_model("pretrained/cave_tsa"), load_model("pretrained/tsa_real")
+    assert _warnings(caplog, cave_tsa, tsa)[0] and _warnings(caplog, tsa_real, real)[0]
+    assert _warnings(caplog, tsa_real, center_crop(real, (256, 256)))[0]
+    for model in (cave_tsa, tsa_real):  # tsa_real loses 2.2 dB to GAP-TV through Bernoulli(0.5) masks
+        ok, msgs = _warnings(caplog, model, bern)
+        assert not ok and len(msgs) == 1
+    assert not _warnings(caplog, cave_tsa, center_crop(real, (256, 256)))[0]
