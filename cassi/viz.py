@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 __all__ = ["auto_exposure", "is_false_colour", "rendering", "to_rgb", "save_preview", "save_band_mosaic",
-           "save_comparison", "save_spectra", "spectrum_points", "report_html"]
+           "save_comparison", "save_spectra", "spectrum_points", "report_html", "save_patch_spectra",
+           "method_label"]
 
 VISIBLE = (380.0, 780.0)
 _CAPTION_PX = 16     # the label strip above a preview
@@ -260,6 +261,91 @@ def save_spectra(path, cube, wavelengths: Sequence[float] | None = None, truth=N
     return _write_png(fig, path, f"spectra at (row, col) {points}")
 
 
+def method_label(title: str | None, default: str = "method") -> str:
+    """A short label from a reconstructor's repr: its class (past a ``Tiled`` wrapper) and, for a model loaded
+    from a file, the file's stem: "Refiner(…, from …/chart_demo.ckpt)" -> "Refiner chart_demo"."""
+    import re
+
+    names = [n for n in re.findall(r"([A-Za-z_]\w*)\(", title or "") if n != "Tiled"]
+    stem = re.search(r"from \S*?([^/\\\s]+)\.(?:ckpt|pt|pth)\b", title or "")
+    return " ".join([names[0] if names else default] + ([stem.group(1)] if stem else []))
+
+
+def _pixel_angles(x: np.ndarray, gt: np.ndarray) -> np.ndarray:
+    """(N,) spectral angle in degrees between the columns of two (C, N) arrays."""
+    cos = (x * gt).sum(0) / np.maximum(np.linalg.norm(x, axis=0) * np.linalg.norm(gt, axis=0), 1e-12)
+    return np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+
+
+def save_patch_spectra(path, truth, regions, estimates: dict, wavelengths: Sequence[float] | None = None,
+                       names: Sequence[str] | None = None, cols: int = 6) -> Path:
+    """Each region's spectrum (regions: an (H, W) label map, k > 0 a patch, e.g. the 24 of a colour chart) in a
+    grid of small plots (``cols`` per row; 24 patches: 4 × 6), each on its own value scale: the truth's mean over
+    the patch dashed black; each estimate of ``estimates`` ({label: cube}, e.g. the learned model and GAP-TV)
+    in colour, its mean as a line and the 10–90 % range of its pixels as a band (how much its pixels stray);
+    in every plot a swatch of the truth's colour and each estimate's mean per-pixel spectral angle to the truth
+    (degrees). ``names``: the name of region k at index k − 1."""
+    gt = _cube(truth)
+    lab = regions.detach().cpu().numpy() if isinstance(regions, torch.Tensor) else np.asarray(regions)
+    if lab.shape != gt.shape[1:]:
+        raise ValueError(f"regions {lab.shape} do not match the cube's frame {gt.shape[1:]}")
+    labels = sorted(int(k) for k in np.unique(lab) if k > 0)
+    if not labels:
+        raise ValueError("the label map has no region (no label > 0)")
+    cubes = {label: _cube(cube) for label, cube in estimates.items()}
+    for label, x in cubes.items():
+        if x.shape != gt.shape:
+            raise ValueError(f"{label}: shape {x.shape} differs from the truth's {gt.shape}")
+    c = gt.shape[0]
+    axis = np.asarray(wavelengths, np.float64) if wavelengths is not None else np.arange(1, c + 1)
+    gain = auto_exposure(gt, wavelengths)
+    n = len(labels)
+    cols = max(1, min(cols, n))
+    rows = math.ceil(n / cols)
+    height = rows * 118 + 70
+    fig = _figure(cols * 150, height)
+    fig.suptitle("spectrum of each patch", fontsize=9, y=1 - 4 / height, va="top")
+    stats = []
+    for k in labels:
+        inside = lab == k
+        t = gt[:, inside]
+        stats.append((t.mean(1), {label: (x[:, inside].mean(1), np.percentile(x[:, inside], [10, 90], axis=1),
+                                          float(_pixel_angles(x[:, inside], t).mean())) for label, x in cubes.items()}))
+    handles: list = []
+    for i, (k, (mean_gt, est)) in enumerate(zip(labels, stats)):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        handles = [(ax.plot(axis, mean_gt, "--", color="black", lw=1.2, zorder=3)[0], "truth (patch mean)")]
+        for j, (label, (mean, band, angle)) in enumerate(est.items()):
+            ax.fill_between(axis, band[0], band[1], color=f"C{j}", alpha=0.18, lw=0)
+            handles.append((ax.plot(axis, mean, "-", color=f"C{j}", lw=1.1)[0], label))
+            ax.text(0.98, 0.96 - 0.12 * j, f"{angle:.1f}°", transform=ax.transAxes, ha="right", va="top",
+                    fontsize=5.5, color=f"C{j}")
+        top = max([float(mean_gt.max())] + [float(e[1].max()) for e in est.values()])  # each plot its own scale
+        ax.set_ylim(0, 1.3 * top or 1.0)
+        ax.set_xlim(axis.min(), axis.max())
+        ax.tick_params(labelsize=5, length=2, pad=1)
+        if i < n - cols:
+            ax.set_xticklabels([])
+        name = names[k - 1] if names is not None and 0 < k <= len(names) else ""
+        ax.set_title(f"{k} {name}".strip()[:26], fontsize=6.5, pad=2)
+        swatch = to_rgb(mean_gt[:, None, None], wavelengths, gain)[0, 0]
+        ax.add_patch(_rectangle((0.03, 0.76), 0.14, 0.18, swatch, ax.transAxes))
+    fig.legend([h for h, _ in handles], [lab for _, lab in handles], loc="upper center", ncol=len(handles),
+               fontsize=7, frameon=False, bbox_to_anchor=(0.5, 1 - 16 / height))
+    xl = "wavelength (nm)" if wavelengths is not None else "band"
+    fig.text(0.5, 0.004, f"{xl}. Lines: means over the patch; bands: 10–90 % of each estimate's pixels; "
+             "degrees: each estimate's mean per-pixel spectral angle to the truth", ha="center", va="bottom",
+             fontsize=6.5)
+    fig.subplots_adjust(left=0.03, right=0.995, bottom=28 / height, top=1 - 46 / height, wspace=0.22, hspace=0.3)
+    return _write_png(fig, path, f"spectrum of each of {n} regions: truth and {', '.join(cubes)}")
+
+
+def _rectangle(xy, w, h, colour_, transform):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle(xy, w, h, facecolor=colour_, edgecolor="black", lw=0.4, transform=transform)
+
+
 # ----------------------------------------------------------------------------- report page
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
@@ -270,8 +356,9 @@ th{background:#f4f4f4}img{image-rendering:pixelated}.err{color:#b00000;font-weig
 
 def report_html(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> str:
     """A self-contained HTML page: one table row per scene (``rows`` as in the run summary, plus "files":
-    {"preview", "mosaic", "spectra", "compare", "cube", "baseline", "baseline_compare"} paths relative to the
-    page; a baseline column appears when a row has one), pictures by relative path, no scripts, no network."""
+    {"preview", "mosaic", "spectra", "compare", "cube", "baseline", "baseline_compare", "patch_spectra"} paths
+    relative to the page; a baseline column appears when a row has one; a scene's "patch_spectra" picture
+    gets a full-width row under it), pictures by relative path, no scripts, no network."""
     esc = html.escape
     metric_keys = [k for k in dict.fromkeys(k for r in rows for k in r)
                    if k not in ("name", "files", "error", "status", "rendering")]
@@ -318,6 +405,9 @@ def report_html(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> 
                          f'error</a></div>')
             base = f"<td>{base}</td>"
         body.append(f"<tr><td>{''.join(cell)}</td><td>{preview}</td>{base}<td>{result}</td><td>{spectra}</td></tr>")
+        if files.get("patch_spectra"):  # a scene with patches (e.g. a colour chart): their spectra, full width
+            body.append(f"<tr><td class=small>{name}: the spectrum of each patch against the truth</td>"
+                        f"<td colspan={3 + beside}>{img(files['patch_spectra'], 900, f'{name} patch spectra')}</td></tr>")
     body.append("</table></body></html>")
     return "\n".join(head + body) + "\n"
 

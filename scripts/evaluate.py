@@ -6,6 +6,7 @@
     python scripts/evaluate.py data=shared_cave ckpt=outputs/<run>/checkpoints/last.ckpt   # a trained model
 Writes results.{md,csv,json} (per scene: PSNR, table PSNR, SSIM, SAM, time, iterations; plus mean).
 """
+import json
 from pathlib import Path
 
 import hydra
@@ -13,7 +14,6 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from rich.console import Console
-from rich.markdown import Markdown
 
 from cassi.lightning.callbacks import ResultsTable
 from cassi.lightning.module import ReconstructionModule
@@ -32,8 +32,9 @@ def main(cfg: DictConfig) -> None:
     trainer.test(module, datamodule=instantiate(cfg.data))
     if trainer.is_global_zero:  # with ddp_spawn the table was written by the spawned rank 0
         stem = Path(cfg.paths.output_dir) / "results"
-        Console().print(Markdown(stem.with_suffix(".md").read_text()))
-        Console().print(f"wrote {stem}.md, .csv and .json")
+        rows = json.loads(stem.with_suffix(".json").read_text())["scenes"]
+        Console().print(ResultsTable.terminal_table(rows, title))  # the columns a person reads
+        Console().print(f"wrote {stem}.md, .csv and .json (every column)")
 
 
 if __name__ == "__main__":

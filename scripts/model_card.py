@@ -1,5 +1,6 @@
 """Model card of a trained checkpoint: its scores beside A⁺y and GAP-TV on the validation and the test scenes,
-time per scene, training steps and CPU-hours, geometry; plus its reference output on a small fixed input
+time per scene, training steps and CPU-hours (in all, over the ``init_weights=`` pieces the checkpoint records,
+and its last piece's), geometry; plus its reference output on a small fixed input
 (``cassi.models.reference_input``) that the tests compare with. With ``ship=true`` the weights go to
 ``cassi/pretrained/<name>.ckpt`` (loadable as ``pretrained/<name>`` everywhere a checkpoint is accepted).
 

@@ -18,7 +18,6 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from rich.console import Console
-from rich.markdown import Markdown
 
 from cassi.lightning.module import ReconstructionModule
 from cassi.models import load_model
@@ -45,7 +44,7 @@ def main(cfg: DictConfig) -> None:
     trainer.predict(module, datamodule=datamodule, return_predictions=False)
     if not trainer.is_global_zero:
         return
-    console.print(Markdown(writer.summary_paths[0].read_text()))
+    console.print(writer.terminal_table())  # the columns a person reads; every column is in summary.{md,csv,json}
     kept = sum(r.get("status") == "complete: kept" for r in writer.rows)
     written = sum(r.get("status") != "failed" for r in writer.rows)  # a scene whose baseline failed is written
     console.print(f"{written} scene(s) in {writer.output_dir} ({kept} complete from "

@@ -1,7 +1,7 @@
 """Train a learned reconstructor (conf/train.yaml): fit with the checkpoint chosen on validation, then
 test the best checkpoint on the held-out test split.
 
-    python scripts/train.py experiment=tiny_cpu          # a small GAP-Net on CAVE scenes, minutes on a CPU
+    python scripts/train.py experiment=tiny_cpu          # GAP-TV + a learned correction on CAVE scenes, ~15 min on a CPU
     python scripts/train.py model=dauhst_3stg logger=tensorboard
     python scripts/train.py ckpt_path=outputs/<run>/checkpoints/last.ckpt     # resume
 Returns (for sweeps) the best validation value of ``monitor``. Writes checkpoints/{best-*,last}.ckpt,

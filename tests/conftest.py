@@ -1,5 +1,10 @@
-"""Shared fixtures: where the real test data live (../shared/data beside the project)."""
+"""Shared fixtures: where the real test data live (../shared/data beside the project); a memory guard."""
+import contextlib
 import os
+import re
+import resource
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -46,3 +51,36 @@ def nothing_written_into_the_repository(tmp_path_factory):
     if new:
         pytest.fail(f"tests wrote into the repository: {new}; run scripts with cwd=tmp_path and "
                     "hydra.run.dir / output_dir under tmp_path")
+
+
+@contextlib.contextmanager
+def _small_memory(extra=2**30):
+    """While inside: the address space limited to what the process maps now plus `extra` (Linux), so that a
+    huge allocation fails at once with MemoryError instead of taking the machine (the code under test being
+    wrong), and tracemalloc tracing (numpy's array buffers included). Yields a dict: "limited" (whether the
+    limit is set); on exit "peak" holds the largest traced memory (bytes) and "seconds" the time spent inside."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    status = Path("/proc/self/status")
+    out = {"limited": status.is_file()}
+    if out["limited"]:
+        mapped = int(re.search(r"VmSize:\s*(\d+) kB", status.read_text()).group(1)) * 1024
+        limit = mapped + extra if hard == resource.RLIM_INFINITY else min(mapped + extra, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out["seconds"] = time.perf_counter() - start
+        out["peak"] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        if out["limited"]:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.fixture
+def small_memory():
+    """``with small_memory() as used:`` runs its body under an address-space limit (what the process maps now
+    plus 1 GiB: a huge allocation fails at once with MemoryError) and tracemalloc; afterwards ``used["peak"]``
+    is the largest traced memory in bytes and ``used["seconds"]`` the time taken (see ``_small_memory``)."""
+    return _small_memory

@@ -71,3 +71,68 @@ def test_shipped_tsa_models_know_their_masks(caplog, shared_data):
         ok, msgs = _warnings(caplog, model, bern)
         assert not ok and len(msgs) == 1
     assert not _warnings(caplog, cave_tsa, center_crop(real, (256, 256)))[0]
+
+
+# ----------------------------------------------------------------------------- the camera config group
+CONF = __import__("pathlib").Path(__file__).resolve().parents[1] / "conf"
+
+
+@pytest.mark.parametrize("script", ["train", "evaluate", "reconstruct", "model_card", "fit_camera"])
+def test_camera_group_composes_in_every_script(script, shared_data):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    keys = ["camera=tsa_real", "camera.bands=31", "camera.wavelengths=cave", "camera.step=1.5", "camera.axis=h",
+            "camera.noise.photons=1000", f"paths.shared_data={shared_data}"]
+    need = {"model_card": ["ckpt=x", "name=y"], "fit_camera": ["output_dir=x"], "reconstruct": ["data=shared_cave"]}
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose(script, overrides=[*keys, *need.get(script, [])])
+    assert cfg.camera.mask.endswith("tsa_real_mask_660.mat") and cfg.camera.noise.photons == 1000
+    if script == "fit_camera":
+        return
+    assert cfg.bands == 31 and cfg.operator.step == 1.5 and cfg.operator.axis == "h"
+    sim = instantiate(cfg.data.simulator if "data" in cfg else cfg.validation.simulator)
+    assert (sim.bands, sim.step, sim.axis) == (31, 1.5, "h") and sim.noise.photons == 1000
+    assert type(sim.masks).__name__ == "RandomMaskCrops" and type(sim.eval_masks).__name__ == "FixedMask"
+
+
+def test_data_configs_choose_their_camera_and_the_command_line_wins(shared_data):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        plain = compose("train")
+        real = compose("train", overrides=["experiment=tsa_real"])
+        mine = compose("train", overrides=["experiment=tsa_real", "camera=synthetic"])
+    assert plain.camera.masks == "bernoulli" and real.camera.noise.photons == 3413
+    assert real.camera.mask.endswith("tsa_real_mask_660.mat") and mine.camera.masks == "bernoulli"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"masks": "x"}, "camera.masks must be one of"),
+    ({"masks": "crops"}, "needs camera.mask"),
+    ({"masks": "bernoulli", "wavelengths": [500, 600]}, "camera.wavelengths: wavelengths has 2 values"),
+    ({"masks": "bernoulli", "noise": {"photon": 3}}, "unknown keys"),
+    ({"masks": "bernoulli", "offsets": [0, 1]}, "camera.offsets has 2 values but camera.bands=28"),
+])
+def test_bad_camera_specs_fail_in_one_line(bad, message):
+    from cassi.data.camera import Camera
+
+    with pytest.raises(ValueError, match=message) as e:
+        Camera(**bad)
+    assert "\n" not in str(e.value)
+
+
+def test_camera_checks_the_frame_from_the_mask_header(tmp_path):
+    from cassi.data.camera import Camera
+    from cassi.io import save_mask
+
+    save_mask(tmp_path / "m.npy", (torch.rand(40, 50) > 0.5).float())
+    cam = Camera(mask=tmp_path / "m.npy", masks="fixed", bands=4, wavelengths=None)
+    cam.check((40, 50))
+    with pytest.raises(ValueError, match="40×50, smaller than the 64×64 scenes"):
+        cam.check((64, 64))
+    with pytest.raises(ValueError, match="spread the 28 bands over 54 px along 'w', not less than the 50-px frame"):
+        Camera(masks="bernoulli").check((40, 50))
+    sim = Camera(masks="blocks", fill=0.3, block=4).simulator()
+    m = sim({"x": torch.rand(2, 28, 16, 16)})["mask"]
+    assert m.shape == (2, 1, 16, 16) and bool((m[..., ::4, ::4].repeat_interleave(4, -2).repeat_interleave(4, -1) == m).all())

@@ -244,7 +244,7 @@ def test_importing_cassi_data_stays_light():
 
 def compose_data(name, *overrides):
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose(overrides=[f"+data={name}", *overrides]).data
+        return compose(overrides=["+camera=synthetic", f"+data={name}", *overrides]).data  # a data config may choose another camera
 
 
 def batch_of(dm, split):
@@ -256,7 +256,7 @@ def test_every_data_config_instantiates(name, tmp_path, request):
     overrides = []
     if name.startswith(("shared", "real", "measurements", "cave_train", "cave_real", "cave_val", "cave_refine")):
         overrides.append(f"+paths.shared_data={request.getfixturevalue('shared_data')}")
-    if name in ("cave_refine", "cave_real", "synthetic_refine"):  # GAP-TV's training reconstructions are kept in the run folder
+    if name in ("cave_refine", "cave_real", "synthetic_refine", "chart_refine"):  # GAP-TV's training reconstructions are kept in the run folder
         overrides.append(f"+paths.output_dir={tmp_path}")
     if name == "measurements":
         overrides += ["data.predict.entries=${paths.shared_data}/real/tsa_real_scene1.mat",

@@ -1,7 +1,9 @@
 """Datasets: synthetic scenes, cube files (crops, augmentation, mosaics, relighting, shading, resampling, memory), real measurements."""
 import gc
 import math
+import re
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from torch.utils.data import DataLoader
 
 import cassi.io as io
 from cassi.data import CubeFiles, MeasurementFiles, SyntheticCubes, resolve_paths, synthetic_cube
-from cassi.data.datasets import stable_seed
+from cassi.data.datasets import collate, stable_seed
 from cassi.io import DataFileError
 
 C, H, W = 4, 16, 16
@@ -418,3 +420,75 @@ def test_cube_files_crop_grid_gives_fixed_windows_from_edge_to_edge(tmp_path, mo
         CubeFiles(tmp_path, crop_to=8, crop_grid=2, augment=True)
     with pytest.raises(DataFileError, match="c00.npy.*too small for crop_grid=2"):  # windows would repeat
         CubeFiles(tmp_path, crop_to=12, crop_grid=2)[0]
+
+
+def hostile_h5(path, shape=(200_000, 200_000)):
+    """A ~1.4 KB HDF5 file declaring a huge gzip-compressed float32 dataset (149 GiB for 200000², fill value only)."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=shape, dtype="f4", compression="gzip", chunks=(1,) * (len(shape) - 2) + (500, 500))
+    return path
+
+
+def test_measurement_files_check_headers_first_and_fail_per_file(tmp_path, monkeypatch):
+    """skip_invalid: building the dataset reads headers only: files refused from them (a compressed HDF5
+    declaring 149 GiB, a measurement of the wrong size) are listed in ``skipped`` with the declared shape.
+    A file whose data fail later (NaN values; a MemoryError while reading) is that sample's failure,
+    {"name", "error"}, which ``collate`` puts in batch["failed"] beside the good samples."""
+    mask = torch.rand(8, 8) + 0.1  # 4 bands, step 2: y is 8×14
+    for name in ("a", "b", "mem"):
+        io.save_measurement(tmp_path / f"{name}.npy", torch.rand(1, 8, 14))
+    io.save_measurement(tmp_path / "nan.npy", torch.full((1, 8, 14), float("nan")))
+    io.save_measurement(tmp_path / "wide.npy", torch.rand(1, 8, 15))
+    hostile_h5(tmp_path / "huge.h5")
+    real = io.arrays._to_tensor
+    reads = []
+
+    def to_tensor(array, meta, max_value, dtype, path, what, clip_negative=False):  # the data reads
+        reads.append(Path(path).stem)
+        if Path(path).stem == "mem":
+            raise MemoryError
+        return real(array, meta, max_value, dtype, path, what, clip_negative)
+
+    monkeypatch.setattr(io.arrays, "_to_tensor", to_tensor)
+    ds = MeasurementFiles(tmp_path, mask=mask, bands=4, step=2, skip_invalid=True)
+    assert reads == []  # headers only
+    assert [Path(path).name for path, _ in ds.skipped] == ["huge.h5", "wide.npy"]
+    huge, wide = (reason for _, reason in ds.skipped)
+    assert huge == (f"{tmp_path / 'huge.h5'}: measurement of size 200000×200000 does not fit a 8×8 mask with "
+                    "4 bands dispersed by 6 px along 'w': expected 8×14")
+    assert wide.startswith(f"{tmp_path / 'wide.npy'}: measurement of size 8×15 does not fit")
+    samples = [ds[i] for i in range(len(ds))]
+    assert [s["name"] for s in samples] == ["a", "b", "mem", "nan"] and reads == ["a", "b", "mem", "nan"]
+    assert samples[2] == {"name": "mem", "error": f"{tmp_path / 'mem.npy'}: not enough memory to load the "
+                                                  "measurement 'meas' of declared shape (8, 14) float32 (448 B)"}
+    assert samples[3] == {"name": "nan", "error": f"{tmp_path / 'nan.npy'}: measurement contains 112 NaN/Inf values"}
+    batch = collate(samples)
+    assert batch["name"] == ["a", "b"] and batch["y"].shape == (2, 1, 8, 14) and batch["mask"].shape == (2, 1, 8, 8)
+    assert batch["failed"] == [("mem", samples[2]["error"]), ("nan", samples[3]["error"])]
+    assert collate(samples[2:]) == {"name": [], "failed": batch["failed"]}
+    assert "failed" not in collate(samples[:2])
+    plain = MeasurementFiles(tmp_path / "mem.npy", mask=mask, bands=4)  # without skip_invalid: the error is raised
+    with pytest.raises(DataFileError, match="mem.npy: not enough memory"):
+        plain[0]
+
+
+def test_masks_and_cubes_are_checked_against_the_frame_from_their_headers(tmp_path, small_memory):
+    """A mask file of an entry's own, the ground truth and CubeFiles' cubes are refused from their headers:
+    the mask against the measurement's frame, the cube against the mask's frame, patch_size and max_bytes."""
+    io.save_measurement(y := tmp_path / "a.npy", torch.rand(1, 8, 14))
+    huge_mask, huge_cube = hostile_h5(tmp_path / "mask.h5"), hostile_h5(tmp_path / "cube.h5", (4, 200_000, 200_000))
+    entries = [{"y": y, "mask": huge_mask, "name": "own_mask"}, {"y": y, "gt": huge_cube, "name": "gt"}]
+    with small_memory() as used:  # (a wrong reader fails at once with MemoryError)
+        ds = MeasurementFiles(entries, mask=torch.rand(8, 8) + 0.1, bands=4, skip_invalid=True)
+        with pytest.raises(DataFileError, match=re.escape(f"{huge_cube}: cube 'x' declares shape (4, 200000, 200000) "
+                                                          "float32 (596 GiB once read): more than max_bytes")):
+            CubeFiles(huge_cube)[0]
+        with pytest.raises(DataFileError, match="cube.h5: cube of size 200000×200000 is smaller than the patch_size"):
+            CubeFiles(huge_cube, patch_size=(8, 300_000))[0]
+    assert used["peak"] < 16 * 2**20 and used["seconds"] < 1, used
+    assert ds.entries == [] and [reason for _, reason in ds.skipped] == [
+        f"{y}: measurement of size 8×14 does not fit a 200000×200000 mask with 4 bands dispersed by 6 px along 'w': "
+        "expected 200000×200006",
+        f"{huge_cube}: cube of size 200000×200000 does not match the 8×8 mask"]

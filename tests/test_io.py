@@ -1,9 +1,12 @@
 """cassi.io: round trips through every format, the real shared data, MATLAB v7.3,
 error messages naming file and problem, atomic writes, scaling, band resampling."""
 import dataclasses
+import io
 import json
 import pickle
 import re
+import struct
+import zipfile
 
 import h5py
 import numpy as np
@@ -14,8 +17,8 @@ import torch
 
 import cassi.io.formats as formats
 from cassi.io import (CAVE_WAVELENGTHS, FORMATS, TSA_WAVELENGTHS, Cube, DataFileError, Measurement,
-                      check_mask_fits, load_cube, load_mask, load_measurement, resample_bands, save_cube,
-                      save_mask, save_measurement)
+                      check_mask_fits, load_cube, load_mask, load_measurement, read_header, resample_bands,
+                      save_cube, save_mask, save_measurement)
 
 EXTS = [".mat", ".h5", ".hdf5", ".npy", ".npz", ".tif", ".tiff"]
 GEOMETRIES = [{"step": 2, "axis": "w"}, {"offsets": [0.0, 1.5, 3.25, 5.0], "axis": "h"}]
@@ -539,3 +542,146 @@ def test_a_measurement_that_does_not_fit_says_what_would(tmp_path):
         check_mask_fits((64, 64), (118, 64), 2, bands=28)
     with pytest.raises(DataFileError, match=r"expected 64×118$"):  # narrower than the mask: nothing fits
         check_mask_fits((64, 64), (64, 60), 2, bands=28)
+
+
+# ----------------------------------------------------------------------------- hostile files: refused from the header
+
+HUGE = (200_000, 200_000)  # float32: 149 GiB once read
+
+
+def hostile_h5(path, shape=HUGE, name="x", userblock=0):
+    """A ~1.4 KB HDF5 file declaring a huge gzip-compressed, chunked float32 dataset that holds only its fill value."""
+    with h5py.File(path, "w", userblock_size=userblock) as f:
+        f.create_dataset(name, shape=shape, dtype="f4", compression="gzip", chunks=(1,) * (len(shape) - 2) + (500, 500))
+        if userblock:
+            f[name].attrs["MATLAB_class"] = np.bytes_("single")
+    if userblock:  # a MATLAB v7.3 header, as formats._write_mat73 and MATLAB write it
+        with open(path, "r+b") as fh:
+            header = b"MATLAB 7.3 MAT-file, Platform: GLNXA64 HDF5 schema 1.00 ."
+            fh.write(header.ljust(116) + b"\0" * 8 + b"\x00\x02IM")
+    return path
+
+
+def lying_mat_v5(path, shape=(100_000, 100_000)):
+    """A tiny .mat v5 whose 4×6 double array's header claims `shape` (74.5 GiB) instead."""
+    scipy.io.savemat(path, {"meas": np.ones((4, 6))})
+    blob = bytearray(path.read_bytes())
+    dims = blob.find(struct.pack("<4i", 5, 8, 4, 6))  # the dimensions sub-element: miINT32, 8 bytes, 4, 6
+    assert dims > 0
+    blob[dims + 8:dims + 16] = struct.pack("<2i", *shape)
+    path.write_bytes(bytes(blob))
+    return path
+
+
+def lying_npy(path, shape=HUGE):
+    """A .npy whose header declares `shape` in front of 24 floats."""
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        fh.write(np.ones(24, np.float32).tobytes())
+    return path
+
+
+def lying_npz(path, shape=HUGE):
+    """A .npz (zip) beside a small metadata member, whose 'meas' member's .npy header declares `shape`."""
+    member = lying_npy(path.with_suffix(".member.npy"), shape).read_bytes()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("meas.npy", member)
+        buf = io.BytesIO()
+        np.save(buf, np.arange(3.0))
+        z.writestr("wavelengths.npy", buf.getvalue())
+    return path
+
+
+def lying_tif(path, height=50_000, width=60_000):
+    """A plain TIFF of 4×6 floats whose tags claim height × width (11.2 GiB) in one strip."""
+    tifffile.imwrite(path, np.ones((4, 6), np.float32), metadata=None)
+    with tifffile.TiffFile(path) as tif:
+        tags = {t.name: (t.valueoffset, {3: "<H", 4: "<I"}[int(t.dtype)]) for t in tif.pages[0].tags
+                if t.name in ("ImageWidth", "ImageLength", "RowsPerStrip")}
+    blob = bytearray(path.read_bytes())
+    for name, value in (("ImageWidth", width), ("ImageLength", height), ("RowsPerStrip", height)):
+        offset, fmt = tags[name]
+        blob[offset:offset + struct.calcsize(fmt)] = struct.pack(fmt, value)
+    path.write_bytes(bytes(blob))
+    return path
+
+
+HOSTILE = {  # name: (writer, declared shape as the message names it, its dtype, GiB once read)
+    "gzip.h5": (hostile_h5, HUGE, "float32", "149 GiB"),
+    "v73.mat": (lambda p: hostile_h5(p, HUGE[::-1], "meas", userblock=512), HUGE, "float32", "149 GiB"),
+    "v5.mat": (lying_mat_v5, (100_000, 100_000), "float64", "74.5 GiB"),
+    "lying.npy": (lying_npy, HUGE, "float32", "149 GiB"),
+    "lying.npz": (lying_npz, HUGE, "float32", "149 GiB"),
+    "lying.tif": (lying_tif, (50_000, 60_000), "float32", "11.2 GiB"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_files_are_refused_from_the_header(tmp_path, small_memory, name):
+    """Small files declaring huge arrays: every loader refuses them from the header (naming the file, the
+    declared shape and why), at once, without allocating (a wrong reader hits the address-space limit)."""
+    write, shape, dtype, size = HOSTILE[name]
+    path = write(tmp_path / name)
+    assert path.stat().st_size < 20_000
+    declared = re.escape(f"declares shape {shape} {dtype} ({size} once read)")
+    bound = r": more than max_bytes=4294967296 \(4 GiB\); pass max_bytes="
+    fits = lambda h: check_mask_fits((660, 660), h.shape, 2, bands=28, path=h.path)  # noqa: E731
+    with small_memory() as used:
+        with pytest.raises(DataFileError, match=err(path, f"measurement '[a-z]+' {declared}{bound}")):
+            load_measurement(path)
+        with pytest.raises(DataFileError, match=err(path, f"mask '[a-z]+' {declared}{bound}")):
+            load_mask(path)
+        with pytest.raises(DataFileError, match=err(path, re.escape(f"measurement of size {shape[0]}×{shape[1]} "
+                                                                     "does not fit a 660×660 mask"))):
+            load_measurement(path, check=fits)  # the caller's check of the header, before the size bound
+        with pytest.raises(DataFileError, match=err(path, "got a 2-D array .*" + re.escape(str(shape)))):
+            load_cube(path)
+    assert used["seconds"] < 1 and used["peak"] < 16 * 2**20, used
+
+
+def test_a_huge_cube_is_refused_and_the_bound_can_be_raised(tmp_path, small_memory):
+    """A 3-D hostile file as a cube: refused by max_bytes; raised (None: no bound), reading it runs out of memory,
+    which is the file's DataFileError too (never a bare MemoryError); a real cube within a lowered bound loads."""
+    path = hostile_h5(tmp_path / "cube.h5", (28, *HUGE))
+    with small_memory() as used:
+        with pytest.raises(DataFileError, match=err(path, re.escape("cube 'x' declares shape (28, 200000, 200000) "
+                                                                     "float32 (4.07 TiB once read): more than"))):
+            load_cube(path)
+        with pytest.raises(DataFileError, match=err(path, r"more than max_bytes=2\b")):
+            load_cube(path, max_bytes=2)
+    assert used["seconds"] < 1 and used["peak"] < 16 * 2**20, used
+    with small_memory() as limit:  # (numpy traces the failed allocation: no peak to check here)
+        if limit["limited"]:  # else reading would really try to allocate 4 TiB
+            with pytest.raises(DataFileError, match=err(path, re.escape(
+                    "not enough memory to read the cube 'x' of declared shape (28, 200000, 200000) float32"))):
+                load_cube(path, max_bytes=None)
+    save_cube(good := tmp_path / "good.npy", cube4())
+    assert load_cube(good, max_bytes=4 * 12 * 20 * 4).data.shape == (4, 12, 20)  # exactly its float32 size
+    with pytest.raises(DataFileError, match=err(good, re.escape("cube 'cube' declares shape (4, 12, 20) float32 "
+                                                                 "(3.75 KiB once read): more than max_bytes=3839"))):
+        load_cube(good, max_bytes=4 * 12 * 20 * 4 - 1)
+
+
+def test_a_lying_mat_v5_header_with_no_bound_is_corrupt_not_a_crash(tmp_path, small_memory):
+    """With the bound lifted, the v5 file whose header lies is read and found corrupt (its data do not fill the
+    declared shape), without allocating the declared 74.5 GiB; read_header sees the header alone."""
+    path = lying_mat_v5(tmp_path / "lie.mat")
+    with small_memory() as used:
+        header = read_header(path, "measurement", max_bytes=None)
+        with pytest.raises(DataFileError, match=err(path, "truncated or corrupt")):
+            load_measurement(path, max_bytes=None)
+    assert header.shape == (1, 100_000, 100_000) and header.stored_shape == (100_000, 100_000)
+    assert header.dtype == np.float64 and header.nbytes == 8 * 10**10 and header.name == "meas"
+    assert used["seconds"] < 1 and used["peak"] < 16 * 2**20, used
+
+
+def test_huge_metadata_beside_a_good_array_is_not_read(tmp_path, small_memory):
+    """A 'wavelengths' dataset or a cassi_meta attribute declaring gigabytes is left unread; the cube loads."""
+    path = tmp_path / "cube.h5"
+    save_cube(path, cube4())
+    with h5py.File(path, "a") as f:
+        f.create_dataset("wavelengths", shape=(4 * 10**9,), dtype="f8", compression="gzip", chunks=(10**6,))
+    with small_memory() as used:
+        cube = load_cube(path, key="cube")
+    assert torch.equal(cube.data, cube4()) and cube.wavelengths is None
+    assert used["peak"] < 16 * 2**20, used

@@ -158,6 +158,27 @@ def test_file_progress_counts_files_not_batches():
     assert (task.total, task.completed) == (B, B)
 
 
+def test_inputs_that_failed_to_load_are_reported_and_the_others_written(tmp_path):
+    """Samples that failed to load ({"name", "error"}: MeasurementFiles(skip_invalid=True)) are collated into
+    batch["failed"]: the writer fails those inputs only (a batch of failures alone included), the others of
+    their batches are reconstructed and written, and the progress bar counts every input."""
+    from cassi.data.datasets import collate
+    from cassi.lightning.callbacks import FileProgress
+
+    s0, s1, s2 = batches()
+    bad = [{"name": f"bad{i}", "error": f"/in/bad{i}.mat: measurement contains {i} NaN/Inf values"} for i in (1, 2, 3)]
+    writer, progress = CubeWriter(tmp_path, fmt="npy", preview=False), FileProgress()
+    trainer(callbacks=[writer, progress]).predict(  # batches: [s0, bad1], [bad2, bad3], [s1, s2]
+        module(PseudoInverse()), DataLoader([s0, *bad, s1, s2], batch_size=2, collate_fn=collate),
+        return_predictions=False)
+    assert writer.failed == [(b["name"], b["error"]) for b in bad]
+    assert sorted(p.name for p in writer.written) == ["s0.npy", "s1.npy", "s2.npy"]
+    statuses = {r["name"]: r["status"] for r in json.loads((tmp_path / "summary.json").read_text())["scenes"]}
+    assert statuses == {"bad1": "failed", "bad2": "failed", "bad3": "failed", "s0": "reconstructed",
+                        "s1": "reconstructed", "s2": "reconstructed"}
+    assert (progress.progress.tasks[0].total, progress.progress.tasks[0].completed) == (6, 6)
+
+
 def test_write_table(tmp_path):
     rows = [{"name": "a", "psnr": 30.0, "time": 1.0, "iterations": 10},
             {"name": "b", "psnr": 20.0, "time": 3.0, "iterations": 20}]
@@ -232,3 +253,40 @@ def test_spawned_ranks_release_the_process_group_before_they_exit(tmp_path):
     L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False, enable_progress_bar=False,
               enable_model_summary=False).test(m, DataLoader(batches(), batch_size=1), verbose=False)
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"rank0": "False", "rank1": "False"}
+
+
+def test_the_printed_summary_fits_80_columns_and_cuts_no_cell(tmp_path):
+    """What reconstruct.py prints: the columns a person reads, wrapped to the console, never cut to '…' (an
+    80-column terminal showed `na… ps… ps… ss…`); the files keep every column."""
+    from rich.console import Console
+
+    writer = CubeWriter(tmp_path, fmt="npy", preview=False)
+    scenes = batches()
+    names = ["cave_superballs_y256x256", "a_very_long_measurement_file_name_from_camera_number_0017", "s2"]
+    for scene, name in zip(scenes, names):
+        scene["name"] = name
+    m = ReconstructionModule(PseudoInverse(), partial(CASSI, bands=C, step=2, backend="strided"),
+                             skip=writer.complete, baseline=Counting(fail=[3]))  # the last scene's baseline fails
+    trainer(callbacks=[writer]).predict(m, DataLoader(scenes, batch_size=1), return_predictions=False)
+    console = Console(width=80, record=True)
+    console.print(writer.terminal_table())
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80 and "…" not in text
+    head, body = text.split("─" * 10, 1)
+    assert head.split()[-7:] == ["scene", "method", "PSNR", "SSIM", "time", "(s)", "status"]
+    assert "residual" not in head and "SAM" not in head  # the few columns, not all fifteen
+    rows = {r["name"]: r for r in writer.rows}
+    line = next(ln for ln in body.splitlines() if ln.startswith("cave_superballs_y256x256"))  # a usual name fits
+    row = rows["cave_superballs_y256x256"]
+    assert line.split()[1:] == ["PseudoInverse", f"{row['psnr']:.2f}", f"{row['ssim']:.3f}", f"{row['time']:.3g}",
+                                "reconstructed"]
+    below = body.splitlines()[body.splitlines().index(line) + 1].split()  # the baseline beside it, on the next line
+    assert below == ["Counting", f"{row['baseline_psnr']:.2f}", f"{row['baseline_ssim']:.3f}",
+                     f"{row['baseline_time']:.3g}"]
+    assert "failed" in body.split("s2", 1)[1].split("mean")[0]  # s2's baseline failed
+    assert body.count("mean") == 1 and "Counting()" in body  # the means; the baseline in full below
+    folded = "".join(line.split(" ")[0] for line in text.splitlines())  # the scene column, its lines joined
+    assert names[1] in folded  # a name longer than its column is folded onto the next lines, not cut
+    csv = (tmp_path / "summary.csv").read_text().splitlines()[0].split(",")
+    assert {"psnr_table", "sam", "residual", "iterations", "baseline_psnr", "baseline_residual", "baseline_time",
+            "baseline_error"} <= set(csv)  # the files have every column

@@ -11,15 +11,19 @@ from cassi.metrics import ssim
 from cassi.models import ADMMNet, DAUHST, GAPNet, ReconstructionLoss, load_model, load_prior
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-TINY = {"GAPNet": dict(width=4, depth=2), "ADMMNet": dict(width=4, depth=2),
-        "DAUHST": dict(dim=4, blocks=[1, 1], heads=1, window=4)}
+TINY = {"GAPNet": dict(width=4, depth=2), "ADMMNet": dict(width=4, depth=2)}
 
 
 def tiny(name: str, bands: int, stages: int = 2, seed: int = 0, **kw):
     """A tiny model with seeded weights (at width 4 an unlucky draw can leave every ReLU of a block dead)."""
     torch.manual_seed(seed)
-    return {"GAPNet": GAPNet, "ADMMNet": ADMMNet, "DAUHST": DAUHST}[name](bands=bands, stages=stages,
-                                                                        **TINY[name], **kw)
+    return {"GAPNet": GAPNet, "ADMMNet": ADMMNet}[name](bands=bands, stages=stages, **TINY[name], **kw)
+
+
+def tiny_dauhst(bands: int, stages: int = 2, seed: int = 0) -> DAUHST:
+    """A tiny DAUHST (the toolbox's architecture, cassi.models.zoo.dauhst; its own tests: tests/test_zoo_dauhst.py)."""
+    torch.manual_seed(seed)
+    return DAUHST(bands=bands, stages=stages, dim=4, blocks=[1, 1], window=4, frame=[16, 32])
 
 
 def random_op(batch, bands, h, w, seed=0, **geometry):
@@ -92,7 +96,7 @@ def test_activation_checkpointing_gives_the_same_values_and_gradients(name):
 
 def test_bf16_autocast_keeps_the_operator_in_float32():
     op, x = random_op(2, 4, 16, 16)
-    model = tiny("DAUHST", 4)
+    model = tiny_dauhst(4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(op, op(x))
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
@@ -191,7 +195,7 @@ def fake_checkpoint(path, model, geometry=None):
 
 def test_load_model_from_path_alone(tmp_path):
     op, x = random_op(2, 5, 12, 12)
-    model = tiny("DAUHST", 5).eval()
+    model = tiny_dauhst(5).eval()
     path = fake_checkpoint(tmp_path / "m.ckpt", model, {"offsets": op.offsets, "axis": "w", "bands": 5})
     loaded = load_model(path)
     assert type(loaded) is DAUHST and not loaded.training
@@ -228,8 +232,8 @@ def test_trained_prior_as_a_pnp_denoiser(tmp_path):
     from cassi.solvers import GAP
 
     op, x = random_op(1, 4, 16, 16)
-    for name in ("GAPNet", "DAUHST"):
-        path = fake_checkpoint(tmp_path / f"{name}.ckpt", tiny(name, 4))
+    for name, model in (("GAPNet", tiny("GAPNet", 4)), ("DAUHST", tiny_dauhst(4))):
+        path = fake_checkpoint(tmp_path / f"{name}.ckpt", model)
         denoiser = load_prior(path)
         assert denoiser(x).shape == x.shape and denoiser(x, 0.1).shape == x.shape
         result = GAP(denoiser, iters=3)(op, op(x))

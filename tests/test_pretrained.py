@@ -67,7 +67,7 @@ def test_model_card_job_ships_a_model_that_loads_by_name(tmp_path):
     card = (tmp_path / "shipped" / "tiny.md").read_text()
     assert "## Recipe\n\nThe notes of the tiny model." in card  # notes from a file
     assert card.count("| **mean** |") == 2 and card.count("A⁺y PSNR") == 2 and "tiny PSNR" in card
-    assert "2 optimizer steps" in card
+    assert "| training | 2 optimizer steps, " in card and ": all of it (one piece, from scratch) |" in card
     model = load_model(tmp_path / "shipped" / "tiny.ckpt")
     stored = torch.load(tmp_path / "shipped" / "tiny.reference.pt", weights_only=True)
     assert torch.allclose(reference_output(model), stored["out"], atol=1e-4)
@@ -76,3 +76,56 @@ def test_model_card_job_ships_a_model_that_loads_by_name(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "model_card.py"), f"ckpt={tmp_path / 'none.ckpt'}",
                         *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "none.ckpt does not exist" in r.stderr
+
+
+def test_cards_state_the_training_of_every_init_weights_piece(tmp_path):
+    """A card stated the last piece's steps and CPU time only (cave_tsa: 0.70 of 14.1 CPU-hours): checkpoints now
+    carry what the weights they started from hold, through weights-only files and resumes, and cards sum it."""
+    from functools import partial
+
+    from cassi.lightning import TrainingModule
+    from cassi.models import GAPNet, export_weights
+    from cassi.models.card import card_markdown, training_record
+
+    op = partial(CASSI, bands=4, step=2, backend="loop")
+
+    def piece(path, steps, cpu_min, init=None, **kw):
+        """A training checkpoint as Lightning writes it: steps, the ElapsedTime state, weights, cassi's entry."""
+        module = TrainingModule(GAPNet(bands=4, stages=1, width=4, depth=2), op, init_weights=init, **kw)
+        ckpt = {"global_step": steps, "callbacks": {"ElapsedTime": {"cpu_min": cpu_min, "wall_min": 2 * cpu_min}},
+                "state_dict": {f"reconstructor.{k}": v for k, v in module.reconstructor.state_dict().items()}}
+        module.on_save_checkpoint(ckpt)
+        torch.save(ckpt, path)
+        return ckpt
+
+    first = piece(tmp_path / "p1.ckpt", 30, 6.0)
+    assert training_record(first)["pieces"] == 1 and training_record(first)["complete"]
+    export_weights(tmp_path / "p1.ckpt", tmp_path / "p1.weights.ckpt")  # weights only: the record goes with them
+    second = piece(tmp_path / "p2.ckpt", 50, 12.0, init=str(tmp_path / "p1.weights.ckpt"))
+    third = piece(tmp_path / "p3.ckpt", 20, 3.0, init=str(tmp_path / "p2.ckpt"))
+    record = training_record(third)
+    assert {k: record[k] for k in ("pieces", "steps", "cpu_min", "wall_min", "complete")} == {
+        "pieces": 3, "steps": 100, "cpu_min": 21.0, "wall_min": 42.0, "complete": True}
+    assert record["last"] == {"steps": 20, "cpu_min": 3.0, "wall_min": 6.0}
+    resumed = TrainingModule(GAPNet(bands=4, stages=1, width=4, depth=2), op)  # ckpt_path= restores the record
+    resumed.on_load_checkpoint(third)
+    assert resumed.trained_before == third["cassi"]["trained_before"] != {"pieces": 0}
+
+    results = {split: {"m": [{"name": "a", "psnr": 20.0, "ssim": 0.5, "sam": 9.0, "time": 0.1}]}
+               for split in ("validation", "test")}
+    card = card_markdown("tiny", load_model(tmp_path / "p3.ckpt"), third, results)
+    assert ("| training | in all 3 pieces (an `init_weights=` chain), 100 optimizer steps, 0.35 CPU-hours (0.70 h "
+            "wall); the last piece 20 optimizer steps, 0.05 CPU-hours (0.10 h wall) |") in card
+
+    # a checkpoint written before the record (the shipped ones): its own piece only, said so; init_training fills in
+    legacy = {**second, "cassi": {k: v for k, v in second["cassi"].items() if k != "trained_before"}}
+    torch.save(legacy, tmp_path / "legacy.ckpt")
+    assert "whether it started from trained weights" in card_markdown("tiny", load_model(tmp_path / "p3.ckpt"),
+                                                                      legacy, results)
+    unknown = training_record(piece(tmp_path / "p4.ckpt", 10, 1.0, init=str(tmp_path / "legacy.ckpt")))
+    assert unknown["pieces"] == 2 and not unknown["complete"] and "pieces" in unknown["partial"]
+    told = training_record(piece(tmp_path / "p5.ckpt", 10, 1.0, init=str(tmp_path / "legacy.ckpt"),
+                                 init_training={"pieces": 2, "steps": 80, "cpu_min": 18.0, "wall_min": 36.0}))
+    assert (told["pieces"], told["steps"], told["cpu_min"], told["complete"]) == (3, 90, 19.0, True)
+    with pytest.raises(ValueError, match="init_training describes the training of init_weights"):
+        TrainingModule(GAPNet(bands=4, stages=1, width=4, depth=2), op, init_training={"pieces": 2})

@@ -3,10 +3,12 @@ outputs that open again, the report page, resuming, exit status, real measuremen
 import html.parser
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 from PIL import Image
 
 from cassi.io import TSA_WAVELENGTHS, load_cube, load_mask, load_measurement, save_mask, save_measurement
@@ -17,11 +19,14 @@ SMALL = [*FAST, "data.test.n=2", "data.test.height=32", "data.test.width=40", "s
 SCENES = ["synthetic_2000000", "synthetic_2000001"]
 
 
-def reconstruct(tmp_path: Path, out: Path, *overrides) -> subprocess.CompletedProcess:
-    """Runs the script; COLUMNS=200, as rich wraps lines at the terminal width (a long tmp path splits phrases)."""
+def reconstruct(tmp_path: Path, out: Path, *overrides, address_space: int | None = None) -> subprocess.CompletedProcess:
+    """Runs the script; COLUMNS=200, as rich wraps lines at the terminal width (a long tmp path splits phrases);
+    `address_space`: a limit in bytes (RLIMIT_AS), as a user's job limits (a huge allocation then fails at once)."""
+    limit = None if address_space is None else (
+        lambda: resource.setrlimit(resource.RLIMIT_AS, (address_space, resource.getrlimit(resource.RLIMIT_AS)[1])))
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "reconstruct.py"), f"output_dir={out}", *overrides],
                           cwd=tmp_path, env=dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200"),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, preexec_fn=limit)
 
 
 class Links(html.parser.HTMLParser):
@@ -81,8 +86,10 @@ def test_synthetic_default_outputs_reopen_and_a_second_run_resumes(tmp_path):
 
 
 def test_real_measurement_and_bad_files_in_one_folder(tmp_path, shared_data):
-    """A cropped real TSA measurement (tiled), a corrupt file and one of the wrong size: the good scene is
-    written, each bad file gets one line at the end and in the summary, and the exit status is 3."""
+    """A cropped real TSA measurement (tiled), a corrupt file, one of the wrong size, a 1.4 KB compressed HDF5
+    file declaring a 200000×200000 float32 measurement (149 GiB once read; the job runs under a 16 GiB
+    address-space limit) and one whose data hold a NaN: the good scene is written, each bad file gets one line
+    at the end and in the summary, and the exit status is 3."""
     inputs = tmp_path / "in"
     y = load_measurement(shared_data / "real" / "tsa_real_scene3.mat").data
     mask = load_mask(shared_data / "masks" / "tsa_real_mask_660.mat")
@@ -90,24 +97,32 @@ def test_real_measurement_and_bad_files_in_one_folder(tmp_path, shared_data):
     save_measurement(inputs / "scene3_crop.mat", y[:, rows, cols.start:cols.stop + 54])
     save_measurement(inputs / "too_wide.mat", y[:, rows, cols.start:cols.stop + 60])
     (inputs / "broken.mat").write_bytes(b"MATLAB 5.0 MAT-file, truncated")
+    with h5py.File(inputs / "huge.h5", "w") as f:  # refused from its header, before any data are read
+        f.create_dataset("x", shape=(200_000, 200_000), dtype="f4", compression="gzip", chunks=(500, 500))
+    nan = y[:, rows, cols.start:cols.stop + 54].clone()
+    nan[0, 5, 5] = float("nan")
+    save_measurement(inputs / "with_nan.mat", nan)  # passes the header checks: fails when its data are read
     save_mask(tmp_path / "mask.mat", mask[rows, cols])
     out = tmp_path / "run"
     r = reconstruct(tmp_path, out, "data=measurements", f"data.predict.entries={inputs}",
                     f"data.predict.mask={tmp_path / 'mask.mat'}", "solver=gap_tv_real", "solver.iters=10",
-                    "tile.size=160", "tile.overlap=16", *FAST)
+                    "tile.size=160", "tile.overlap=16", *FAST, address_space=16 * 2**30)
     assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
     cube = load_cube(out / "reconstructions" / "scene3_crop.tif")
     assert cube.data.shape == (28, 40, 200) and cube.wavelengths == list(TSA_WAVELENGTHS)
     for suffix in ("", "_bands", "_spectra"):
         Image.open(out / "previews" / f"scene3_crop{suffix}.png").load()
     assert not (out / "previews" / "scene3_crop_compare.png").exists()  # no ground truth
-    last = r.stdout.strip().splitlines()[-2:]
+    last = r.stdout.strip().splitlines()[-4:]  # those refused from their headers, then those that failed later
     assert last[0].startswith(f"FAILED broken: {inputs / 'broken.mat'}: cannot read MATLAB file")
-    assert last[1].startswith(f"FAILED too_wide: {inputs / 'too_wide.mat'}: measurement of size 40×260 does not")
-    assert last[1].endswith("it would fit step=2.22222 with 28 bands or bands=31 with step 2")
-    assert r.stdout.count("FAILED ") == 2
+    assert last[1] == (f"FAILED huge: {inputs / 'huge.h5'}: measurement of size 200000×200000 does not fit a 40×200 "
+                       "mask with 28 bands dispersed by 54 px along 'w': expected 40×254")
+    assert last[2].startswith(f"FAILED too_wide: {inputs / 'too_wide.mat'}: measurement of size 40×260 does not")
+    assert last[2].endswith("it would fit step=2.22222 with 28 bands or bands=31 with step 2")
+    assert last[3] == f"FAILED with_nan: {inputs / 'with_nan.mat'}: measurement contains 1 NaN/Inf values"
+    assert r.stdout.count("FAILED ") == 4
     rows = summary(out)
     assert rows["scene3_crop"]["status"] == "reconstructed" and 0 < rows["scene3_crop"]["residual"] < 1
-    assert rows["broken"]["status"] == rows["too_wide"]["status"] == "failed"
+    assert {rows[n]["status"] for n in ("broken", "huge", "too_wide", "with_nan")} == {"failed"}
     assert "Tiled(" in (out / "summary.md").read_text().splitlines()[0]
     assert "cannot read MATLAB file" in (out / "index.html").read_text()

@@ -14,9 +14,10 @@ CONF = ROOT / "conf"
 SMALL = ["data.test.n=2", "data.test.height=32", "data.test.width=40", "trainer=cpu"]
 
 
-def run(script, *overrides, tmp, stderr=False):
-    """Run a script in the folder ``tmp`` (Hydra's run folder too), so that nothing lands in the repository."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+def run(script, *overrides, tmp, stderr=False, columns=None):
+    """Run a script in the folder ``tmp`` (Hydra's run folder too), so that nothing lands in the repository;
+    ``columns``: the terminal's width (COLUMNS)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **({"COLUMNS": str(columns)} if columns else {}))
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *overrides, f"hydra.run.dir={tmp}/hydra"],
                        cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"{script} failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
@@ -24,7 +25,11 @@ def run(script, *overrides, tmp, stderr=False):
 
 
 def test_evaluate_writes_a_table_per_scene(tmp_path):
-    out = run("evaluate.py", *SMALL, "solver.iters=10", f"paths.output_dir={tmp_path}", tmp=tmp_path)
+    out = run("evaluate.py", *SMALL, "solver.iters=10", f"paths.output_dir={tmp_path}", tmp=tmp_path, columns=80)
+    # in an 80-column terminal it printed every column cut to `na… ps… ...`: now name, PSNR, SSIM, SAM, time
+    assert max(len(ln) for ln in out.splitlines() if not ln.startswith("[20")) <= 80 and "…" not in out
+    assert next(ln for ln in out.splitlines() if ln.startswith("scene")).split() == [
+        "scene", "PSNR", "SSIM", "SAM", "time", "(s)"]
     res = json.loads((tmp_path / "results.json").read_text())
     assert [s["name"] for s in res["scenes"]] == ["synthetic_2000000", "synthetic_2000001"]
     for s in res["scenes"]:

@@ -80,6 +80,35 @@ def test_every_hparams_search_config_composes(name):
         assert OmegaConf.select(cfg, key, default="missing") != "missing", f"{name} searches unknown key {key}"
 
 
+@pytest.mark.parametrize("model", sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
+def test_the_optuna_space_fits_every_model(model):
+    """`hparams_search=optuna experiment=tiny_cpu` stopped at its first trial: the space drew model.stages=7, which
+    a Refiner cannot train from scratch (stage K trains on the K-1 of init_weights). The architecture part of the
+    space is the model's own (hparams_search/space/<model>.yaml): only what that model trains from scratch."""
+    plugin("hydra_optuna_sweeper")
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["hparams_search=optuna", f"model={model}"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    for key in params:  # every searched key is one of this model's (HDNet has no stages)
+        assert OmegaConf.select(cfg, key, default="missing") != "missing", f"{model}: searches unknown key {key}"
+    assert {"module.optimizer.lr", "module.loss.ssim", "module.loss.kind"} <= set(params)
+    free = model in ("gapnet", "admmnet", "dauhst", "gapnet_cpu")  # a stage count that trains from scratch
+    assert ("model.stages" in params) is free
+    if free:
+        (stages,) = OverridesParser.create().parse_overrides([f"model.stages={params['model.stages']}"])
+        assert set(stages.sweep_string_iterator()) == {"3", "5", "7", "9"}
+
+
+def test_the_optuna_space_follows_the_experiments_model():
+    plugin("hydra_optuna_sweeper")
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        tiny = compose("train", overrides=["hparams_search=optuna", "experiment=tiny_cpu"], return_hydra_config=True)
+        other = compose("train", overrides=["hparams_search=optuna", "experiment=tiny_cpu", "model=gapnet"],
+                        return_hydra_config=True)
+    assert tiny.model._target_.endswith("Refiner") and "model.stages" not in tiny.hydra.sweeper.params
+    assert other.model._target_.endswith("GAPNet") and "model.stages" in other.hydra.sweeper.params
+
+
 @pytest.mark.parametrize("name", LAUNCHERS)
 def test_every_launcher_config_composes(name):
     if name != "basic":

@@ -207,10 +207,15 @@ def test_fast_dev_run_of_every_experiment(experiment, tmp_path, shared_data):
     crops = ["data.train.patch_size=32", "data.val.crop_to=32"]
     small = {"gapnet": ["model.stages=2", "model.width=4", "model.depth=2", *crops],
              "admmnet": ["model.stages=2", "model.width=4", "model.depth=2", *crops],
+             "gap_net": ["model.stages=2", "model.width=4", *crops],   # the toolbox's (cassi.models.zoo.gapnet)
+             "admm_net": ["model.stages=2", "model.width=4", *crops],
+             "hdnet": ["model.feats=8", "model.blocks=[1,1]", *crops],
              "dauhst": ["model.stages=2", "model.dim=4", "model.window=4", *crops],
              # GAP-TV on two 32² training scenes, windows of 16²
              "synthetic": ["model.width=4", "model.depth=2", "data.train.cubes.n=2", "data.train.patch_size=16",
                            *(f"data.{s}.{k}=32" for s in ("train.cubes", "val", "test") for k in ("height", "width"))],
+             "chart": ["model.width=4", "model.depth=2", "data.train.cubes.n=2", "data.train.patch_size=16",  # as synthetic
+                       *(f"data.{s}.{k}=32" for s in ("train.cubes", "val", "test") for k in ("height", "width"))],
              "Refiner": ["model.width=4", "model.depth=2", "data.train.cubes.samples_per_epoch=2",
                          "data.train.cubes.patch_size=32", "data.train.patch_size=16", "data.val.crop_to=32"]}
     with initialize_config_dir(str(CONF), version_base="1.3"):

@@ -3,11 +3,12 @@ Lightning DataModule over them is ``cassi.lightning.CASSIDataModule``)."""
 from cassi.data.datasets import CubeFiles, MeasurementFiles, SyntheticCubes, resolve_paths
 from cassi.data.masks import bernoulli_mask, center_crop, random_crops
 from cassi.data.noise import Compose, GaussianNoise, ShotNoise
-from cassi.data.simulate import BernoulliMasks, FixedMask, RandomMaskCrops, Simulator
+from cassi.data.simulate import BernoulliMasks, BlockMasks, FixedMask, RandomMaskCrops, Simulator
+from cassi.data.camera import Camera
 from cassi.data.synthetic import default_wavelengths, synthetic_batch, synthetic_cube
 
 __all__ = [
-    "BernoulliMasks", "Compose", "CubeFiles", "FixedMask", "GaussianNoise",
+    "BernoulliMasks", "BlockMasks", "Camera", "Compose", "CubeFiles", "FixedMask", "GaussianNoise",
     "MeasurementFiles", "RandomMaskCrops", "ShotNoise", "Simulator", "SyntheticCubes", "bernoulli_mask",
     "center_crop", "default_wavelengths", "random_crops", "resolve_paths", "synthetic_batch", "synthetic_cube",
 ]

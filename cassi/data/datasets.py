@@ -20,10 +20,10 @@ import os
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from cassi import io
 from cassi.data.masks import _size_pair, center_crop
@@ -32,7 +32,7 @@ from cassi.io import DataFileError
 
 log = logging.getLogger("cassi")
 
-__all__ = ["SyntheticCubes", "CubeFiles", "MeasurementFiles", "resolve_paths", "stable_seed"]
+__all__ = ["SyntheticCubes", "CubeFiles", "MeasurementFiles", "collate", "resolve_paths", "stable_seed"]
 
 #: Band sets that configs may name instead of listing wavelengths.
 BAND_SETS = {"tsa": io.TSA_WAVELENGTHS, "cave": io.CAVE_WAVELENGTHS}
@@ -165,6 +165,8 @@ class CubeFiles(Dataset):
             scenes' own (needs ``wavelengths``; 0: none).
         cache: False/0: no cache; int k: an LRU cache of k cubes; True: all files.
         seed: randomness of sample i in epoch e comes from (seed, e, i).
+        max_bytes: a file whose header declares a cube taking more memory once read is refused before any of
+            its data is read (DataFileError naming the file, the declared shape and why); None: no bound.
 
     Memory bound: the dataset holds only paths plus at most ``cache`` cubes per process
     (0 with cache=False); one ``__getitem__`` holds at most 4 more (a mosaic) and
@@ -176,9 +178,10 @@ class CubeFiles(Dataset):
                  source_wavelengths=None, patch_size=None, crop_to=None, samples_per_epoch: int | None = None,
                  augment: bool = False, mosaic: bool | float = False, relight: float = 0.0,
                  shade: float = 0.0, cache: bool | int = False, seed: int = 0, crop_grid: int = 1,
-                 spectral_shift: float = 0.0, spectral_stretch: float = 0.0):
+                 spectral_shift: float = 0.0, spectral_stretch: float = 0.0, max_bytes: int | None = io.MAX_BYTES):
         self.files = resolve_paths(paths)
         self.key, self.layout, self.seed, self.augment, self.epoch = key, layout, seed, augment, 0
+        self.max_bytes = max_bytes
         self.wavelengths, self.source_wavelengths = _wavelengths(wavelengths), _wavelengths(source_wavelengths)
         self.patch_size, self.crop_to = _optional_size(patch_size), _optional_size(crop_to)
         if self.patch_size and self.crop_to:
@@ -235,7 +238,14 @@ class CubeFiles(Dataset):
         if path in self._cache:
             self._cache.move_to_end(path)
             return self._cache[path]
-        cube = io.load_cube(path, key=self.key, layout=self.layout)
+        need = self.patch_size or self.crop_to
+
+        def large_enough(h: io.ArrayHeader) -> None:  # from the file's header, before its data are read
+            if need and (h.shape[-2] < need[0] or h.shape[-1] < need[1]):
+                raise DataFileError(path, f"cube of size {h.shape[-2]}×{h.shape[-1]} is smaller than the "
+                                          f"{'patch_size' if self.patch_size else 'crop_to'} {need[0]}×{need[1]}")
+
+        cube = io.load_cube(path, key=self.key, layout=self.layout, max_bytes=self.max_bytes, check=large_enough)
         data, src = cube.data, None
         if self.wavelengths is not None:
             src = self.source_wavelengths or cube.wavelengths
@@ -246,10 +256,6 @@ class CubeFiles(Dataset):
             except ValueError as err:
                 raise DataFileError(path, str(err)) from None
             data, src = (data, list(src)) if self._resampled else (resampled, None)
-        need = self.patch_size or self.crop_to
-        if need and (data.shape[-2] < need[0] or data.shape[-1] < need[1]):
-            raise DataFileError(path, f"cube of size {data.shape[-2]}×{data.shape[-1]} is smaller than the "
-                                      f"{'patch_size' if self.patch_size else 'crop_to'} {need[0]}×{need[1]}")
         if self.cache:
             self._cache[path] = (data, src)
             if len(self._cache) > self.cache:
@@ -318,6 +324,30 @@ class CubeFiles(Dataset):
         return {"x": x.clone(memory_format=torch.contiguous_format), "name": name}
 
 
+def _three(shape: Sequence[int]) -> tuple[int, ...]:
+    """A mask shape (H, W) or (C, H, W) as (1, H, W) or (C, H, W)."""
+    return (1, *shape) if len(shape) == 2 else tuple(shape)
+
+
+def _reason(path: Path, err: BaseException) -> str:
+    """One line naming the file and the problem: a DataFileError's own message, else `path: Type: message`."""
+    text = str(err) if isinstance(err, DataFileError) else f"{path}: {type(err).__name__}: {err}"
+    return " ".join(text.split())
+
+
+def collate(samples: list) -> dict:
+    """``default_collate`` of the samples that loaded; samples that failed (``{"name", "error"}``, as
+    :class:`MeasurementFiles` with ``skip_invalid`` returns them) go to ``batch["failed"]`` as (name, reason)
+    pairs, so a batch can hold good inputs and failed ones (only failed ones: ``{"name": [], "failed": [...]}``)."""
+    bad = [isinstance(s, Mapping) and "error" in s for s in samples]
+    if not any(bad):
+        return default_collate(samples)
+    good = [s for s, b in zip(samples, bad) if not b]
+    batch = default_collate(good) if good else {"name": []}
+    batch["failed"] = [(s["name"], s["error"]) for s, b in zip(samples, bad) if b]
+    return batch
+
+
 class MeasurementFiles(Dataset):
     """Real snapshot measurements with their coded aperture, for reconstruction.
 
@@ -332,19 +362,26 @@ class MeasurementFiles(Dataset):
         bands, step, offsets, axis: the operator geometry; each (mask, measurement) pair
             must fit it (``check_mask_fits``: y is H×(W+Δ) along 'w'), else DataFileError
             naming the measurement file.
-        skip_invalid: read every entry once now and drop the ones that fail (missing,
-            corrupt, wrong size, NaN...), listing them in ``skipped`` as (path, message),
-            so that one bad file in a batch does not stop the others.
+        skip_invalid: one bad input does not stop the others. Now, every entry's files are
+            checked from their headers alone (nothing else is read): those refused (missing,
+            corrupt, wrong size for the mask and geometry, a declared array larger than
+            ``max_bytes``...) are dropped and listed in ``skipped`` as (path, message). Later,
+            an entry whose data fail to load (NaN, corrupt data, out of memory...) gives the
+            sample {"name", "error": message} instead of raising (:func:`collate` puts it in
+            the batch's "failed" list).
+        max_bytes: every file (measurement, mask, ground truth) whose header declares an array
+            taking more memory once read is refused before its data are read; None: no bound.
 
     Sample: {"y": (1, H, W+Δ), "mask": (1, H, W) or (C, H, W), "name": stem or entry name,
-    "x": (C, H, W) when ground truth is given}. Files are read per sample; a shared
-    mask is loaded once.
+    "x": (C, H, W) when ground truth is given}. Files are read per sample, after their headers
+    are checked (a mask of an entry's own and the ground truth against the measurement's frame,
+    the measurement against the mask and the geometry); a shared mask is loaded once.
     """
 
     def __init__(self, entries, mask=None, gt=None, key: str | None = None, mask_key: str | None = None,
                  gt_key: str | None = None, gt_layout: str | None = None, bands: int | None = None,
                  step: float | None = 2, offsets: Sequence[float] | None = None, axis: str = "w",
-                 skip_invalid: bool = False):
+                 skip_invalid: bool = False, max_bytes: int | None = io.MAX_BYTES):
         items = [entries] if isinstance(entries, (str, os.PathLike, Mapping)) else list(entries)
         dicts = [dict(e) for e in items if isinstance(e, Mapping)]
         patterns = [e for e in items if not isinstance(e, Mapping)]
@@ -360,7 +397,7 @@ class MeasurementFiles(Dataset):
                         raise DataFileError(e["y"], f"no ground-truth file with stem {e['y'].stem!r} in {gt!r}")
                     e["gt"] = by_stem[e["y"].stem]
         self.key, self.mask_key, self.gt_key, self.gt_layout = key, mask_key, gt_key, gt_layout
-        self.bands, self.axis = bands, axis
+        self.bands, self.axis, self.max_bytes, self.skip_invalid = bands, axis, max_bytes, skip_invalid
         self.dispersion = list(offsets) if offsets is not None else (2 if step is None else step)
         self.mask = None if mask is None else self._mask(mask)
         if bands is None and offsets is None and self.mask is not None and self.mask.shape[0] == 1:
@@ -371,40 +408,79 @@ class MeasurementFiles(Dataset):
         self.skipped: list[tuple[str, str]] = []
         if skip_invalid:
             good = []
-            for i, e in enumerate(self.entries):
+            for e in self.entries:
                 try:
-                    self[i]
+                    self._entry(e, read=False)  # the headers only: no data are read here
                     good.append(e)
-                except (ValueError, OSError) as err:  # DataFileError is a ValueError
-                    log.warning("skipping %s: %s", e["y"], err)
-                    self.skipped.append((str(e["y"]), str(err)))
+                except Exception as err:  # noqa: BLE001 - this input's failure, not the dataset's
+                    reason = _reason(e["y"], err)
+                    log.warning("skipping %s: %s", e["y"], reason)
+                    self.skipped.append((str(e["y"]), reason))
             self.entries = good
         self.files = [e["y"] for e in self.entries] + [Path(e["gt"]).resolve() for e in self.entries if "gt" in e]
 
-    def _mask(self, mask) -> torch.Tensor:
-        """(1, H, W) or (C, H, W) float32 mask from a path, tensor or array."""
+    def _mask(self, mask, check: Callable[[io.ArrayHeader], None] | None = None) -> torch.Tensor:
+        """(1, H, W) or (C, H, W) float32 mask from a path (its header checked by ``check`` and ``max_bytes``
+        first), tensor or array."""
         if isinstance(mask, (str, os.PathLike)):
-            m = io.load_mask(mask, key=self.mask_key)
+            m = io.load_mask(mask, key=self.mask_key, max_bytes=self.max_bytes, check=check)
         else:
             m = torch.as_tensor(mask, dtype=torch.float32)
         if m.ndim not in (2, 3):
             raise ValueError(f"mask must be (H, W) or (C, H, W), got shape {tuple(m.shape)}")
         return m[None] if m.ndim == 2 else m
 
+    def _fit(self, mask_shape: Sequence[int], meas_shape: Sequence[int], path: Path) -> None:
+        """DataFileError naming ``path`` unless a (1, H, W') measurement fits a (1 | C, H, W) mask and the geometry."""
+        shape, bands = (mask_shape[-2:], self.bands) if mask_shape[0] == 1 else (mask_shape, None)
+        io.check_mask_fits(shape, meas_shape, self.dispersion, self.axis, bands=bands, path=path)
+
+    def _entry(self, e: dict, read: bool = True) -> dict | None:
+        """Entry ``e``'s sample. Every file's header is checked before its data are read: a mask file of the
+        entry's own against the measurement's frame, the measurement against the mask and the geometry, the
+        ground truth against the mask's frame, each against ``max_bytes``. Without ``read``, only those header
+        checks run (None)."""
+        own, mask_shape = e.get("mask"), None
+        mask = self.mask if own is None else None
+        if isinstance(own, (str, os.PathLike)):  # a mask file of its own: checked against the measurement's frame
+            y = io.read_header(e["y"], "measurement", key=self.key, max_bytes=self.max_bytes)
+            fits_y = lambda h: self._fit(_three(h.shape), y.shape, e["y"])  # noqa: E731
+            if read:
+                mask = self._mask(own, check=fits_y)
+            else:
+                mask_shape = _three(io.read_header(own, "mask", key=self.mask_key, max_bytes=self.max_bytes,
+                                                   check=fits_y).shape)
+        elif own is not None:
+            mask = self._mask(own)
+        mask_shape = tuple(mask.shape) if mask is not None else mask_shape
+
+        def same_frame(h: io.ArrayHeader) -> None:
+            if h.shape[-2:] != mask_shape[-2:]:
+                raise DataFileError(h.path, f"cube of size {h.shape[-2]}×{h.shape[-1]} does not match the "
+                                            f"{mask_shape[-2]}×{mask_shape[-1]} mask")
+
+        y_kw = dict(key=self.key, max_bytes=self.max_bytes, check=lambda h: self._fit(mask_shape, h.shape, e["y"]))
+        gt_kw = dict(key=self.gt_key, layout=self.gt_layout, max_bytes=self.max_bytes, check=same_frame)
+        if not read:
+            io.read_header(e["y"], "measurement", **y_kw)
+            if "gt" in e:
+                io.read_header(e["gt"], "cube", **gt_kw)
+            return None
+        out = {"y": io.load_measurement(e["y"], **y_kw).data, "mask": mask, "name": e.get("name", e["y"].stem)}
+        if "gt" in e:
+            out["x"] = io.load_cube(e["gt"], **gt_kw).data
+        return out
+
     def __len__(self) -> int:
         return len(self.entries)
 
     def __getitem__(self, index: int) -> dict:
         e = self.entries[index]
-        y = io.load_measurement(e["y"], key=self.key).data
-        mask = self._mask(e["mask"]) if "mask" in e else self.mask
-        shape, bands = (mask.shape[-2:], self.bands) if mask.shape[0] == 1 else (mask.shape, None)
-        io.check_mask_fits(shape, y.shape, self.dispersion, self.axis, bands=bands, path=e["y"])
-        out = {"y": y, "mask": mask, "name": e.get("name", e["y"].stem)}
-        if "gt" in e:
-            x = io.load_cube(e["gt"], key=self.gt_key, layout=self.gt_layout).data
-            if x.shape[-2:] != mask.shape[-2:]:
-                raise DataFileError(e["gt"], f"cube of size {x.shape[-2]}×{x.shape[-1]} does not match the "
-                                             f"{mask.shape[-2]}×{mask.shape[-1]} mask")
-            out["x"] = x
-        return out
+        if not self.skip_invalid:
+            return self._entry(e)
+        try:
+            return self._entry(e)
+        except Exception as err:  # noqa: BLE001 - a MemoryError too: this input's failure, never the run's
+            reason = _reason(e["y"], err)
+            log.warning("%s failed to load: %s", e["y"], reason)
+            return {"name": e.get("name", e["y"].stem), "error": reason}

@@ -19,7 +19,7 @@ from cassi.data.masks import center_crop, mask_stats, random_crops, segment_hash
 from cassi.data.noise import Compose
 from cassi.operator import CASSI
 
-__all__ = ["FixedMask", "RandomMaskCrops", "BernoulliMasks", "Simulator"]
+__all__ = ["FixedMask", "RandomMaskCrops", "BernoulliMasks", "BlockMasks", "Simulator"]
 
 
 class _FromMask:
@@ -98,6 +98,28 @@ class BernoulliMasks:
         where = generator.device if generator is not None else device
         u = torch.rand((batch, 1, height, width), generator=generator, device=where)
         return (u < self.p).float().to(device)
+
+
+class BlockMasks:
+    """A fresh binary mask per sample of square blocks of ``block`` px, each block 1 with probability ``p``
+    (a coarser aperture than :class:`BernoulliMasks`, which is ``block=1``): (B, 1, H, W)."""
+
+    def __init__(self, p: float = 0.5, block: int = 2):
+        if not 0 < p <= 1:
+            raise ValueError(f"p must be in (0, 1], got {p!r}")
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block must be a positive integer (px), got {block!r}")
+        self.p, self.block = float(p), block
+
+    def describe(self) -> dict:
+        return {"kind": "blocks", "p": self.p, "block": self.block}
+
+    def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
+        where = generator.device if generator is not None else device
+        b = self.block
+        u = torch.rand((batch, 1, -(-height // b), -(-width // b)), generator=generator, device=where)
+        m = (u < self.p).float().repeat_interleave(b, -2).repeat_interleave(b, -1)
+        return m[..., :height, :width].contiguous().to(device)
 
 
 class Simulator:

@@ -24,6 +24,13 @@ Rules shared by every loader:
   unless `max_value` is given. Results must be finite and non-negative: negative values
   (e.g. int16 radiance below the dark level) raise unless `clip_negative=True` clamps
   them to 0.
+- Sizes: every loader learns the array's shape and dtype from the file's header and checks
+  them before reading a byte of data: the number of dims, the layout, the memory the array
+  takes once read (at most `max_bytes`, default `MAX_BYTES` = 4 GiB; None: no bound) and
+  whatever the caller's `check` demands of the header (`ArrayHeader`), e.g. a measurement
+  that fits the mask and geometry (`check_mask_fits`). `read_header` does those checks
+  alone. A refused file, or one that runs out of memory while read, raises DataFileError
+  naming the file, the declared shape and the reason.
 - Savers write the data in their dtype, in layout 'hwc' for .mat and 'chw' elsewhere
   (OME-TIFF only 'chw'), refuse to overwrite unless `overwrite=True`, and store
   wavelengths and geometry (`bands`, `step` or `offsets`, `axis`) with the data.
@@ -32,14 +39,15 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from cassi.io.formats import DataFileError, read_array, squeezed_shape, write_array
+from cassi.io.formats import MAX_BYTES, DataFileError, read_array, size_text, squeezed_shape, write_array
 
 CUBE_KEYS = ("cube", "img", "img_expand", "data_slice", "Omsi", "HSI", "truth", "data", "rad", "gt")
 MASK_KEYS = ("mask", "mask3d", "mask_3d", "mask_3d_shift", "Phi")
@@ -72,6 +80,98 @@ class Measurement:
     meta: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ArrayHeader:
+    """What a file declares about the array a loader reads, learnt from its header without reading the data.
+
+    `shape`: as it will be loaded: a cube (C, H, W), a mask (H, W) or (C, H, W), a measurement (1, H, W');
+    `stored_shape`, `dtype`: as stored; `layout`: 'hwc'/'chw' of a 3-D array on disk (else None);
+    `nbytes`: the memory it takes once read (elements × the larger of the stored and the loaded item size).
+    """
+    path: str
+    what: str
+    name: str
+    shape: tuple[int, ...]
+    stored_shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+    layout: str | None = None
+    meta: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def refuse(self, reason: str) -> DataFileError:
+        """A DataFileError naming the file, this array's declared shape and `reason`."""
+        return DataFileError(self.path, f"{self.what} {self.name!r} declares shape {self.stored_shape} {self.dtype} "
+                                        f"({size_text(self.nbytes)} once read): {reason}")
+
+
+HeaderCheck = Callable[[ArrayHeader], None]
+
+_KINDS = {  # what: (its dims once squeezed, the expected array in words, usual variable names)
+    "cube": ((3,), "3-D cube (H,W,C) or (C,H,W)", CUBE_KEYS),
+    "mask": ((2, 3), "2-D mask (H,W) or a 3-D one (H,W,C)/(C,H,W)", MASK_KEYS),
+    "measurement": ((2,), "2-D measurement (H,W')", MEAS_KEYS),
+}
+
+
+def _header(path: PathLike, what: str, shape: tuple, stored: np.dtype, name: str, meta: dict, layout: str | None,
+            dtype: torch.dtype, max_bytes: int | None, check: HeaderCheck | None) -> ArrayHeader:
+    """Check the declared `shape` and `stored` dtype of a `what` ('cube', 'mask', 'measurement') before its data
+    are read: dims, layout, then the caller's `check`, then `max_bytes`; the ArrayHeader, else DataFileError."""
+    ndims, words, _ = _KINDS[what]
+    squeezed = squeezed_shape(shape, ndims)
+    if len(squeezed) not in ndims:
+        raise DataFileError(path, f"expected a {words}, got a {len(shape)}-D array {name!r} of shape {tuple(shape)}")
+    lay, loaded = None, squeezed
+    if len(squeezed) == 3:
+        wavelengths = meta.get("wavelengths") if what == "cube" else None
+        wavelengths = None if wavelengths is None else [float(w) for w in np.atleast_1d(wavelengths)]
+        lay = _layout(squeezed, layout, meta, path, wavelengths)
+        loaded = (squeezed[2], squeezed[0], squeezed[1]) if lay == "hwc" else squeezed
+    elif what == "measurement":
+        loaded = (1, *squeezed)
+    itemsize = max(stored.itemsize, dtype.itemsize)
+    nbytes = math.prod(squeezed) * itemsize
+    header = ArrayHeader(str(path), what, name, tuple(loaded), tuple(squeezed), stored, nbytes, lay, meta)
+    if check is not None:
+        check(header)
+    if max_bytes is not None and nbytes > max_bytes:
+        raise header.refuse(f"more than max_bytes={max_bytes} ({size_text(max_bytes)}); "
+                            f"pass max_bytes= (None: no bound) to read it")
+    return header
+
+
+@contextmanager
+def _headed(path: PathLike, what: str, key: str | None, layout: str | None, dtype: torch.dtype,
+            max_bytes: int | None, check: HeaderCheck | None,
+            read: bool = True) -> Iterator[tuple[np.ndarray | None, ArrayHeader]]:
+    """Read a `what` after checking its header (`_header`); yields (array in file orientation, squeezed to the
+    header's stored shape; None without `read`, header). A MemoryError meanwhile is the file's DataFileError."""
+    found: list[ArrayHeader] = []
+
+    def inspect(shape, stored, name, meta):
+        found.append(_header(path, what, shape, stored, name, meta, layout, dtype, max_bytes, check))
+
+    ndims, _, names = _KINDS[what]
+    try:
+        array, _, _ = read_array(path, key, names, what, ndims=ndims, check=inspect, read=read)
+        yield (None if array is None else array.reshape(found[0].stored_shape)), found[0]
+    except MemoryError:
+        declared = "" if not found else (f" {found[0].name!r} of declared shape {found[0].stored_shape} "
+                                         f"{found[0].dtype} ({size_text(found[0].nbytes)})")
+        raise DataFileError(path, f"not enough memory to load the {what}{declared}") from None
+
+
+def read_header(path: PathLike, what: str, key: str | None = None, layout: str | None = None,
+                dtype: torch.dtype = torch.float32, *, max_bytes: int | None = MAX_BYTES,
+                check: HeaderCheck | None = None) -> ArrayHeader:
+    """The header of the `what` ('cube', 'mask' or 'measurement') that `load_<what>(path, key, ...)` would load,
+    checked as the loader checks it (dims, layout, `check`, `max_bytes`), without reading its data."""
+    if what not in _KINDS:
+        raise ValueError(f"what must be one of {sorted(_KINDS)}, got {what!r}")
+    with _headed(path, what, key, layout, dtype, max_bytes, check, read=False) as (_, header):
+        return header
+
+
 # ----------------------------------------------------------------------------- helpers
 
 def _layout(shape: tuple, layout: str | None, meta: dict, path: PathLike, wavelengths: list | None = None) -> str:
@@ -91,15 +191,6 @@ def _layout(shape: tuple, layout: str | None, meta: dict, path: PathLike, wavele
     if layout not in ("hwc", "chw"):
         raise ValueError(f"{path}: layout must be 'hwc' or 'chw', got {layout!r}")
     return layout
-
-
-def _squeeze(array: np.ndarray, ndims: tuple[int, ...], what: str, name: str, path: PathLike) -> np.ndarray:
-    """Drop leading singleton dims (then trailing ones) until array.ndim is in `ndims`, else DataFileError."""
-    shape = squeezed_shape(array.shape, ndims)
-    if len(shape) not in ndims:
-        raise DataFileError(path, f"expected a {what}, got a {array.ndim}-D array {name!r} "
-                                  f"of shape {tuple(array.shape)}")
-    return array.reshape(shape)
 
 
 def _to_tensor(array: np.ndarray, meta: dict, max_value: float | None, dtype: torch.dtype,
@@ -146,31 +237,41 @@ def _save(path: PathLike, data: Any, key: str, meta: dict, layout: str | None, o
 
 # ----------------------------------------------------------------------------- cubes
 
+def _cube_bands(check: HeaderCheck | None) -> HeaderCheck:
+    """The header checks of a cube's band count (stored wavelengths, stored `bands`), then `check`."""
+    def bands_then(h: ArrayHeader) -> None:
+        bands, wavelengths, stored = h.shape[0], h.meta.get("wavelengths"), h.meta.get("bands", h.shape[0])
+        if wavelengths is not None and len(np.atleast_1d(wavelengths)) != bands:
+            raise DataFileError(h.path, f"stored wavelengths have {len(np.atleast_1d(wavelengths))} entries "
+                                        f"but the cube has {bands} bands")
+        if stored != bands:
+            raise DataFileError(h.path, f"metadata says {stored} bands but the cube has {bands}")
+        if check is not None:
+            check(h)
+    return bands_then
+
+
 def load_cube(path: PathLike, key: str | None = None, layout: str | None = None,
               dtype: torch.dtype = torch.float32, *, max_value: float | None = None,
-              clip_negative: bool = False) -> Cube:
+              clip_negative: bool = False, max_bytes: int | None = MAX_BYTES,
+              check: HeaderCheck | None = None) -> Cube:
     """Load a spectral cube from .mat (v5, v7.3), .tif/.tiff (OME), .npy, .npz or .h5/.hdf5 as (C,H,W).
 
     `key`: variable/dataset name (found automatically when unambiguous);
     `layout`: 'hwc'/'chw' override; `max_value`: divisor (default for integer
     data only); `clip_negative`: clamp negative values to 0 instead of raising.
+    Before any data are read, the header must declare a cube that takes at most
+    `max_bytes` once loaded (None: no bound) and pass `check(ArrayHeader)` (shape (C,H,W)).
     Cube.meta holds the stored geometry plus `source`, `key`, `layout` (on disk), `bands`.
     """
-    array, name, meta = read_array(path, key, CUBE_KEYS, "cube", ndims=(3,))
-    array = _squeeze(array, (3,), "3-D cube (H,W,C) or (C,H,W)", name, path)
-    wavelengths = meta.pop("wavelengths", None)
-    wavelengths = None if wavelengths is None else [float(w) for w in np.atleast_1d(wavelengths)]
-    lay = _layout(array.shape, layout, meta, path, wavelengths)
-    chw = array.transpose(2, 0, 1) if lay == "hwc" else array
-    data = _to_tensor(chw, meta, max_value, dtype, path, "cube", clip_negative)
-    bands = data.shape[0]
-    if wavelengths is not None:
-        if len(wavelengths) != bands:
-            raise DataFileError(path, f"stored wavelengths have {len(wavelengths)} entries "
-                                      f"but the cube has {bands} bands")
-    if meta.setdefault("bands", bands) != bands:
-        raise DataFileError(path, f"metadata says {meta['bands']} bands but the cube has {bands}")
-    meta.update(source=str(path), key=name, layout=lay)
+    with _headed(path, "cube", key, layout, dtype, max_bytes, _cube_bands(check)) as (array, h):
+        meta = dict(h.meta)
+        wavelengths = meta.pop("wavelengths", None)
+        wavelengths = None if wavelengths is None else [float(w) for w in np.atleast_1d(wavelengths)]
+        chw = array.transpose(2, 0, 1) if h.layout == "hwc" else array
+        data = _to_tensor(chw, meta, max_value, dtype, path, "cube", clip_negative)
+    meta.setdefault("bands", data.shape[0])
+    meta.update(source=str(path), key=h.name, layout=h.layout)
     return Cube(data, wavelengths, meta)
 
 
@@ -200,14 +301,18 @@ def save_cube(path: PathLike, cube: Cube | torch.Tensor | np.ndarray, wavelength
 # ----------------------------------------------------------------------------- masks
 
 def load_mask(path: PathLike, key: str | None = None, layout: str | None = None,
-              dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Load a coded aperture as (H,W) or (C,H,W); checks finite, non-negative, not all zeros."""
-    array, name, meta = read_array(path, key, MASK_KEYS, "mask", ndims=(2, 3))
-    array = _squeeze(array, (2, 3), "2-D mask (H,W) or a 3-D one (H,W,C)/(C,H,W)", name, path)
-    if array.ndim == 3 and _layout(array.shape, layout, meta, path) == "hwc":
-        array = array.transpose(2, 0, 1)
-    binary = array.dtype.kind in "biu" and array.size and array.max() <= 1
-    mask = _to_tensor(array, meta, 1 if binary else None, dtype, path, "mask")
+              dtype: torch.dtype = torch.float32, *, max_bytes: int | None = MAX_BYTES,
+              check: HeaderCheck | None = None) -> torch.Tensor:
+    """Load a coded aperture as (H,W) or (C,H,W); checks finite, non-negative, not all zeros.
+
+    Before any data are read, the header must declare a mask that takes at most `max_bytes` once loaded
+    (None: no bound) and pass `check(ArrayHeader)` (shape (H,W) or (C,H,W)), e.g. that it fits the frame.
+    """
+    with _headed(path, "mask", key, layout, dtype, max_bytes, check) as (array, h):
+        if h.layout == "hwc":
+            array = array.transpose(2, 0, 1)
+        binary = array.dtype.kind in "biu" and array.size and array.max() <= 1
+        mask = _to_tensor(array, h.meta, 1 if binary else None, dtype, path, "mask")
     if not mask.any():
         raise DataFileError(path, "mask is all zeros")
     return mask
@@ -224,15 +329,18 @@ def save_mask(path: PathLike, mask: torch.Tensor | np.ndarray, meta: dict | None
 # ----------------------------------------------------------------------------- measurements
 
 def load_measurement(path: PathLike, key: str | None = None, dtype: torch.dtype = torch.float32,
-                     *, max_value: float | None = None, clip_negative: bool = False) -> Measurement:
+                     *, max_value: float | None = None, clip_negative: bool = False,
+                     max_bytes: int | None = MAX_BYTES, check: HeaderCheck | None = None) -> Measurement:
     """Load a snapshot measurement as (1,H,W'); stored geometry (bands, step/offsets, axis) goes to meta.
 
-    `max_value` and `clip_negative` as in load_cube.
+    `max_value` and `clip_negative` as in load_cube. Before any data are read, the header must declare a
+    measurement that takes at most `max_bytes` once loaded (None: no bound) and pass `check(ArrayHeader)`
+    (shape (1,H,W')), e.g. ``lambda h: check_mask_fits(mask.shape, h.shape, step, bands=28, path=h.path)``.
     """
-    array, name, meta = read_array(path, key, MEAS_KEYS, "measurement", ndims=(2,))
-    array = _squeeze(array, (2,), "2-D measurement (H,W')", name, path)
-    data = _to_tensor(array, meta, max_value, dtype, path, "measurement", clip_negative)[None]
-    meta.update(source=str(path), key=name)
+    with _headed(path, "measurement", key, None, dtype, max_bytes, check) as (array, h):
+        meta = dict(h.meta)
+        data = _to_tensor(array, meta, max_value, dtype, path, "measurement", clip_negative)[None]
+    meta.update(source=str(path), key=h.name)
     return Measurement(data, meta)
 
 

@@ -1,7 +1,12 @@
 """File formats: one reader and one writer per extension, metadata, atomic writes.
 
-A reader opens a file and yields its named arrays (lazy where the format allows:
-HDF5 datasets, memory-mapped .npy and .tif) with the metadata stored beside them.
+A reader opens a file and yields its named arrays with the metadata stored beside them.
+Arrays are lazy in every format: their shape and dtype come from the file's header
+(HDF5 and MATLAB v7.3 dataspaces, `scipy.io.whosmat` for MATLAB v5, the .npy header
+of a .npy or of each .npz member, the TIFF series), and `read_array` lets its caller
+refuse a file from them before a byte of its data is read (a hostile or corrupt
+file declaring a 160 GB array costs nothing). Only small variables and attributes
+(at most `META_MAX_BYTES` declared) are read when the file is opened, for metadata.
 A writer stores one array under a name plus a JSON-able metadata dict. The rest
 of `cassi.io` only calls `read_array` and `write_array`, never a format directly.
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -37,6 +43,11 @@ META_VARS = ("wavelengths", "layout", "bands", "step", "offsets", "axis", "bit_d
 WAVELENGTH_NAMES = ("wavelengths", "wavelength", "wavelengths_nm", "wavelength_nm", "wl", "wls", "wvl", "wave",
                     "waves", "lambda", "lambdas", "lam", "bands_nm", "band_centers", "band_centres", "centers_nm")
 MAT_V5_LIMIT = 2**31 - 2**20  # larger arrays are written as MATLAB v7.3 (HDF5)
+#: Variables and attributes declaring at most this many bytes are read with the file's metadata; larger ones are
+#: read only when chosen as the array (and never as metadata).
+META_MAX_BYTES = 2**20
+#: The default bound on the memory an array takes once read (`cassi.io` loaders' `max_bytes`): 4 GiB.
+MAX_BYTES = 4 * 2**30
 
 
 class DataFileError(ValueError):
@@ -51,10 +62,10 @@ class DataFileError(ValueError):
 
 
 class _Lazy:
-    """Array stand-in with .shape/.dtype; np.asarray() reads the data."""
+    """Array stand-in with .shape/.dtype (as the file's header declares them); np.asarray() reads the data."""
 
     def __init__(self, shape, dtype, load: Callable[[], np.ndarray]):
-        self.shape, self.dtype, self._load = tuple(shape), np.dtype(dtype), load
+        self.shape, self.dtype, self._load = tuple(int(n) for n in shape), np.dtype(dtype), load
 
     def __array__(self, dtype=None, copy=None):
         a = self._load()
@@ -68,6 +79,42 @@ Contents = tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]
 
 # ----------------------------------------------------------------------------- readers
 
+def declared_nbytes(shape: tuple, dtype: Any) -> int:
+    """Bytes of an array of `shape` and `dtype` (Python ints: no overflow for hostile shapes)."""
+    return math.prod(int(n) for n in shape) * np.dtype(dtype).itemsize
+
+
+def _small(value: Any) -> bool:
+    """Whether a stored value declares at most META_MAX_BYTES (values already in memory always are)."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if isinstance(value, np.ndarray) or shape is None or dtype is None:
+        return True
+    return declared_nbytes(shape, dtype) <= META_MAX_BYTES
+
+
+def _h5_attrs(obj) -> dict[str, Any]:
+    """The HDF5 attributes of `obj`, except those declaring more than META_MAX_BYTES (left unread)."""
+    out = {}
+    for name in obj.attrs:
+        aid = obj.attrs.get_id(name)
+        if aid.shape is None or declared_nbytes(aid.shape, aid.dtype) <= META_MAX_BYTES:
+            out[name] = obj.attrs[name]
+    return out
+
+
+#: MATLAB classes (scipy.io.whosmat) -> the dtype they declare; others (cell, struct, sparse, ...) are not arrays.
+_MAT_CLASSES = {"double": "f8", "single": "f4", "int8": "i1", "uint8": "u1", "int16": "i2", "uint16": "u2",
+                "int32": "i4", "uint32": "u4", "int64": "i8", "uint64": "u8", "logical": "u1", "char": "U1"}
+
+
+def _loadmat(path: Path, names: list[str]) -> dict[str, Any]:
+    mat = scipy.io.loadmat(path, variable_names=names, squeeze_me=False, chars_as_strings=True)
+    missing = [n for n in names if n not in mat]
+    if missing:
+        raise ValueError(f"variables {missing} listed in the file's headers cannot be read")
+    return mat
+
+
 @contextmanager
 def _open_mat(path: Path) -> Iterator[Contents]:
     if h5py.is_hdf5(path):  # MATLAB v7.3: HDF5 with column-major (transposed) arrays
@@ -75,40 +122,68 @@ def _open_mat(path: Path) -> Iterator[Contents]:
             arrays: dict[str, Any] = {}
 
             def visit(name, obj):
-                if not isinstance(obj, h5py.Dataset) or name.startswith("#") or "MATLAB_empty" in obj.attrs:
+                if (not isinstance(obj, h5py.Dataset) or name.startswith("#") or obj.shape is None
+                        or "MATLAB_empty" in obj.attrs):
                     return
                 cls = obj.attrs.get("MATLAB_class", b"")
                 if (cls.decode() if isinstance(cls, bytes) else str(cls)) == "char":
-                    arrays[name] = "".join(map(chr, np.asarray(obj).ravel()))
+                    text = lambda o=obj: np.array("".join(map(chr, np.asarray(o).ravel())))
+                    arrays[name] = str(text()) if _small(obj) else _Lazy(obj.shape[::-1], "U1", text)
                 else:
                     arrays[name] = _Lazy(obj.shape[::-1], obj.dtype, lambda o=obj: np.asarray(o).T)
 
             f.visititems(visit)
             yield arrays, {}, {}
-    else:
-        mat = scipy.io.loadmat(path, squeeze_me=False, chars_as_strings=True)
-        yield {k: v for k, v in mat.items() if not k.startswith("__")}, {}, {}
+    else:  # v5: the variables' headers (name, shape, class) first; only small variables are read now
+        arrays = {name: _Lazy(shape, _MAT_CLASSES.get(cls, "O"), lambda n=name: _loadmat(path, [n])[n])
+                  for name, shape, cls in scipy.io.whosmat(path) if not name.startswith("__")}
+        small = [n for n, a in arrays.items() if a.dtype.kind != "O" and _small(a)]
+        if small:
+            arrays.update((n, v) for n, v in _loadmat(path, small).items() if n in arrays)
+        yield arrays, {}, {}
 
 
 @contextmanager
 def _open_h5(path: Path) -> Iterator[Contents]:
     with h5py.File(path, "r") as f:
         arrays: dict[str, Any] = {}
-        f.visititems(lambda n, o: arrays.update({n: o}) if isinstance(o, h5py.Dataset) else None)
-        yield arrays, dict(f.attrs), {n: dict(d.attrs) for n, d in arrays.items()}
+        f.visititems(lambda n, o: arrays.update({n: o}) if isinstance(o, h5py.Dataset) and o.shape is not None
+                     else None)
+        yield arrays, _h5_attrs(f), {n: _h5_attrs(d) for n, d in arrays.items()}
+
+
+def _npy_header(fh) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from the header of the .npy stream `fh`, which is left at the start of the data."""
+    version = np.lib.format.read_magic(fh)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(fh)
+    return tuple(shape), dtype
 
 
 @contextmanager
 def _open_npz(path: Path) -> Iterator[Contents]:
     with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as z:
-        yield {k: z[k] for k in z.files}, {}, {}
+        arrays: dict[str, Any] = {}
+        members = set(z.zip.namelist())
+        for k in z.files:
+            if k + ".npy" in members:
+                with z.zip.open(k + ".npy") as member:
+                    shape, dtype = _npy_header(member)
+            else:  # not a .npy member: bytes, never an array
+                shape, dtype = (), np.dtype("O")
+            arrays[k] = _Lazy(shape, dtype, lambda k=k: z[k])
+            if dtype.kind != "O" and _small(arrays[k]):
+                arrays[k] = z[k]
+        yield arrays, {}, {}
 
 
 @contextmanager
 def _open_npy(path: Path) -> Iterator[Contents]:
     sidecar = sidecar_path(path)
     attrs = {META_KEY: sidecar.read_text()} if sidecar.is_file() else {}
-    yield {"array": np.load(path, mmap_mode="r", allow_pickle=False)}, attrs, {}
+    with open(path, "rb") as fh:
+        shape, dtype = _npy_header(fh)
+    yield {"array": _Lazy(shape, dtype, lambda: np.load(path, mmap_mode="r", allow_pickle=False))}, attrs, {}
 
 
 class _LogErrors(logging.Handler):
@@ -312,7 +387,7 @@ def _stored_wavelengths(path: Path, sources: list[dict]) -> list[float] | None:
         for k, v in src.items():
             if str(k).rsplit("/", 1)[-1].lower() not in WAVELENGTH_NAMES:
                 continue
-            if sum(n > 1 for n in getattr(v, "shape", np.shape(v))) > 1:
+            if sum(n > 1 for n in getattr(v, "shape", np.shape(v))) > 1 or not _small(v):
                 continue  # not a vector (and not read)
             a = np.asarray(v)
             if _is_real(a):
@@ -324,8 +399,18 @@ def _stored_wavelengths(path: Path, sources: list[dict]) -> list[float] | None:
     return values[0] if values else None
 
 
+def size_text(nbytes: int) -> str:
+    """A byte count for people: '149 GiB', '3.5 MiB', '512 B'."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes} B"
+
+
 def read_array(path: str | os.PathLike, key: str | None = None, names: tuple[str, ...] = (),
-               what: str = "array", ndims: tuple[int, ...] | None = None) -> tuple[np.ndarray, str, dict]:
+               what: str = "array", ndims: tuple[int, ...] | None = None,
+               check: Callable[[tuple[int, ...], np.dtype, str, dict], None] | None = None,
+               read: bool = True) -> tuple[np.ndarray | None, str, dict]:
     """Read one array (file orientation) and its metadata from `path`.
 
     The array is `key` when given, else the file's only candidate (numeric, >= 2
@@ -334,16 +419,22 @@ def read_array(path: str | os.PathLike, key: str | None = None, names: tuple[str
     trailing singletons are dropped, e.g. (3,) for a cube beside 2-D label images,
     masks or spectra tables), else the one such candidate whose name is in `names`
     (case-insensitive). A band-centre vector stored under one of WAVELENGTH_NAMES
-    becomes meta["wavelengths"]. Returns (array, name, meta); any failure raises
-    DataFileError naming the file.
+    becomes meta["wavelengths"].
+
+    Before a byte of the array's data is read, `check(shape, dtype, name, meta)` (when
+    given) sees what the file's header declares (shape and dtype as stored) and refuses
+    the file by raising DataFileError. With `read=False` the data are never read and the
+    array returned is None (header-only inspection). Returns (array, name, meta); any
+    failure, a MemoryError included, raises DataFileError naming the file.
     """
     path = Path(path)
     fmt = format_of(path)
     if not path.is_file():
         raise DataFileError(path, "file not found" if not path.exists() else "not a regular file")
+    declared = ""
     try:
         with fmt.open(path) as (arrays, attrs, array_attrs):
-            stored = {**{k: v for k, v in arrays.items() if k in META_VARS + (META_KEY,)}, **attrs}
+            stored = {**{k: v for k, v in arrays.items() if k in META_VARS + (META_KEY,) and _small(v)}, **attrs}
             meta = {k: _plain(stored[k]) for k in META_VARS if k in stored}
             saved = json.loads(_plain(stored[META_KEY])) if META_KEY in stored else {}
             candidates = [n for n, a in arrays.items() if _is_candidate(a)]
@@ -373,17 +464,29 @@ def read_array(path: str | os.PathLike, key: str | None = None, names: tuple[str
                 wavelengths = _stored_wavelengths(path, [array_attrs.get(name, {}), attrs, arrays])
                 if wavelengths is not None:
                     meta["wavelengths"] = wavelengths
-            array = np.asarray(arrays[name])
+            source = arrays[name]
             if fmt.single or saved.get("key") in (None, name):
                 meta.update(saved)
                 name = saved.get("key", name) if fmt.single else name
-    except (DataFileError, MemoryError):
+            meta.pop("format", None)
+            meta.pop("key", None)
+            shape, dtype = tuple(int(n) for n in source.shape), np.dtype(source.dtype)
+            nbytes = size_text(declared_nbytes(shape, dtype))
+            declared = f" {what} {name!r} of declared shape {shape} {dtype} ({nbytes})"
+            if check is not None:
+                check(shape, dtype, name, meta)
+            if not read:
+                return None, name, meta
+            array = np.asarray(source)
+            if not _is_real(array):
+                raise DataFileError(path, f"variable {name!r} is not a real numeric array (it holds {array.dtype})")
+    except DataFileError:
         raise
+    except MemoryError:
+        raise DataFileError(path, f"not enough memory to read the{declared or ' file'}") from None
     except Exception as e:
         raise DataFileError(path, f"cannot read {fmt.name} file, truncated or corrupt? "
                                   f"({type(e).__name__}: {e})") from e
-    meta.pop("format", None)
-    meta.pop("key", None)
     return array, name, meta
 
 

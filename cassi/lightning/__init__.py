@@ -1,6 +1,20 @@
 """Lightning modules and callbacks (the only part of cassi that imports Lightning)."""
+import logging as _logging
+
 from cassi.lightning.datamodule import CASSIDataModule
 from cassi.lightning.module import ReconstructionModule
 from cassi.lightning.training import TrainingModule, warmup_cosine
 
 __all__ = ["CASSIDataModule", "ReconstructionModule", "TrainingModule", "warmup_cosine"]
+
+
+class _NoTips(_logging.Filter):
+    """Drops Lightning's advertising tips ("💡 Tip: ... try installing litlogger / litmodels ..."): a 200-character
+    line in the output of every run, which says nothing about the run."""
+
+    def filter(self, record: _logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    _logging.getLogger(_name).addFilter(_NoTips())

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 from cassi import viz
 from cassi.data.datasets import _wavelengths
 from cassi.io import load_cube, save_cube, write_text_atomic
-from cassi.lightning.module import write_table
+from cassi.lightning.module import short_name, summarize, terminal_table, write_table
 
 
 log = logging.getLogger("cassi")
@@ -53,7 +53,8 @@ class CubeWriter(BasePredictionWriter):
     ‖y − A x‖/‖y‖, time, iterations, status, error) and ``index.html`` (one row per scene: preview, metrics or
     error, time, spectra) are written on rank 0. ``rows`` holds the summary rows of this run (DDP: of all
     processes); ``failed`` the (name, one-line reason) of every scene that was not reconstructed: inputs the
-    dataset refused (its ``skipped`` list), reconstructions that raised, outputs that could not be written.
+    dataset refused (its ``skipped`` list) or that failed to load (a batch's "failed" list), reconstructions
+    that raised, outputs that could not be written.
 
     Args:
         output_dir: the run folder.
@@ -80,6 +81,8 @@ class CubeWriter(BasePredictionWriter):
         self._records: dict[str, dict] = {}
         self._seen: set[str] = set()
         self.baseline, self.baseline_title = False, None  # on_predict_start: a baseline runs beside the method
+        self._labels, self._region_names = ("method", "baseline"), None  # on_predict_start: for patch spectra
+        self.title = ""  # on_predict_end: the method's repr
 
     # ------------------------------------------------------------------ files
     def files(self, name: str, truth: bool) -> dict[str, str]:
@@ -118,18 +121,20 @@ class CubeWriter(BasePredictionWriter):
                 return False
             import matplotlib.image
 
-            for kind, rel in expected.items():
+            for kind, rel in {**record["files"], **expected}.items():  # and those only some scenes have
                 path = self.output_dir / rel
-                load_cube(path) if kind == "cube" else matplotlib.image.imread(path)
+                load_cube(path, max_bytes=None) if kind == "cube" else matplotlib.image.imread(path)  # our own output
         except Exception:  # noqa: BLE001 - missing, half-written or unreadable: not complete
             return False
         self._records[name] = record
         return True
 
     def _write_scene(self, name: str, x: torch.Tensor, gt: torch.Tensor | None, row: dict,
-                     base: torch.Tensor | None = None) -> dict:
+                     base: torch.Tensor | None = None, regions: torch.Tensor | None = None) -> dict:
         """Write the cube and pictures of one scene (and of the baseline's estimate ``base``), then its record;
-        returns its files."""
+        returns its files. With ground truth and a label map ``regions`` (H, W) (the item's "regions", e.g. a
+        colour chart's patches), also ``previews/<name>_patch_spectra.png``: each patch's spectrum, the method's
+        and the baseline's against the truth (``viz.save_patch_spectra``)."""
         self._record_path(name).unlink(missing_ok=True)  # until the record is back, the scene is incomplete
         files = self.files(name, gt is not None)
         if base is None:  # no baseline estimate (none asked for, or it failed): no baseline pictures, old ones go
@@ -149,6 +154,12 @@ class CubeWriter(BasePredictionWriter):
                 if gt is not None:
                     viz.save_comparison(out["baseline_compare"], gt, base, self.wavelengths,
                                         psnr=row.get("baseline_psnr"))
+            if gt is not None and regions is not None and bool((regions > 0).any()):
+                files["patch_spectra"] = f"previews/{name}_patch_spectra.png"
+                method, baseline = self._labels
+                viz.save_patch_spectra(self.output_dir / files["patch_spectra"], gt, regions,
+                                       {method: x, **({baseline: base} if base is not None else {})},
+                                       self.wavelengths, self._region_names)
         self._record_path(name).parent.mkdir(parents=True, exist_ok=True)
         record = {"row": row, "files": files, "truth": gt is not None,
                   "baseline": self.baseline_title if base is not None else None}
@@ -161,6 +172,10 @@ class CubeWriter(BasePredictionWriter):
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.baseline = getattr(pl_module, "baseline", None) is not None
         self.baseline_title = repr(pl_module.baseline) if self.baseline else None
+        method = viz.method_label(repr(pl_module.reconstructor))  # the patch-spectra picture's labels and names
+        self._labels = (method, f"{viz.method_label(self.baseline_title, 'baseline')} (baseline)")
+        self._region_names = next((ds.region_names for ds in _predict_datasets(trainer)
+                                   if getattr(ds, "region_names", None) is not None), None)
         self.rows, self.failed, self.written, self._seen = [], [], [], set()
         for ds in _predict_datasets(trainer):
             for path, reason in getattr(ds, "skipped", []):  # inputs the dataset refused before any work
@@ -173,7 +188,11 @@ class CubeWriter(BasePredictionWriter):
         self.rows.append({"name": name, "status": "failed", "error": reason})
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx=0):
+        for name, reason in prediction.get("failed") or []:  # inputs that failed to load
+            self._fail(name, reason)
         names = list(prediction["name"])
+        if not names:
+            return
         if prediction.get("error"):
             for name in names:
                 self._fail(name, prediction["error"])
@@ -181,7 +200,7 @@ class CubeWriter(BasePredictionWriter):
         x = None if prediction.get("skipped") else prediction["x"].detach().float().cpu()
         if x is not None and self.nonnegative:
             x = x.clamp_min(0)
-        gt = batch.get("x")
+        gt, regions = batch.get("x"), batch.get("regions")
         metrics = prediction.get("metrics", {})
         for i, name in enumerate(names):
             if name in self._seen:
@@ -208,7 +227,7 @@ class CubeWriter(BasePredictionWriter):
                 base = base.clamp_min(0) if self.nonnegative else base
             try:
                 files = self._write_scene(name, x[i], None if gt is None else gt[i].detach().float().cpu(), row,
-                                          base)
+                                          base, regions=None if regions is None else regions[i].cpu())
             except Exception as e:  # noqa: BLE001 - one scene that cannot be written must not lose the others
                 self._fail(name, f"could not write its outputs: {type(e).__name__}: {e}")
                 continue
@@ -219,7 +238,7 @@ class CubeWriter(BasePredictionWriter):
         if not trainer.is_global_zero:
             return
         self.rows.sort(key=lambda r: r["name"])
-        title = repr(pl_module.reconstructor)
+        title = self.title = repr(pl_module.reconstructor)
         keys = [k for k in dict.fromkeys(k for r in self.rows for k in r) if k not in ("name", "status", "error", "files")]
         keys = ["name", *keys, "status", *(["error"] if self.failed else [])]
         table = [{k: r.get(k) for k in keys} for r in self.rows]
@@ -231,6 +250,33 @@ class CubeWriter(BasePredictionWriter):
                  f"the luminance); error maps: spectral RMSE. Table: summary.md, summary.csv, summary.json."]
         page = viz.report_html(self.rows, f"cassi reconstruct: {self.output_dir.name}", notes)
         self.summary_paths.append(write_text_atomic(self.output_dir / "index.html", page))
+
+    def terminal_table(self):
+        """The summary as a person reads it in a terminal (a ``rich.table.Table`` that fits the console: cells
+        wrap, none is cut): per scene and their mean, PSNR and SSIM with ground truth (else the relative
+        residual), time and status; with a baseline, a second line per scene for it. summary.{md,csv,json} have
+        every column."""
+        have = {k for r in self.rows for k, v in r.items() if v is not None}
+        metrics = ["psnr", "ssim"] if "psnr" in have else ["residual"]
+        columns = {"name": "scene", **({"method": "method"} if self.baseline else {}),
+                   **{k: k.upper() if k != "residual" else k for k in metrics}, "time": "time (s)", "status": "status"}
+        if not self.baseline:
+            return terminal_table(self.rows, columns, title=self.title,
+                                  caption="every column: summary.md, summary.csv, summary.json")
+        method, base = short_name(self.title, "method"), short_name(self.baseline_title, "baseline")
+        rows, ours, theirs = [], [], []
+        for r in self.rows:
+            ours.append({**r, "method": method})
+            theirs.append({k[len("baseline_"):]: v for k, v in r.items() if k.startswith("baseline_")})
+            rows.append(ours[-1])
+            if any(k in theirs[-1] for k in ("time", "error")):  # a row for the baseline where it ran
+                theirs[-1].update(method=base, status="failed" if "error" in theirs[-1] else None)
+                rows.append(theirs[-1])
+        means = [{"name": "mean", **summarize(ours), "method": method},
+                 {"name": "", **summarize([t for t in theirs if "time" in t]), "method": base}]
+        return terminal_table(rows, columns, title=self.title, mean=means,
+                              caption=f"{base}: {self.baseline_title}\nevery column: summary.md, summary.csv, "
+                                      f"summary.json")
 
 
 class FileProgress(Callback):
@@ -250,7 +296,7 @@ class FileProgress(Callback):
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if self.progress is not None:
-            names = list(outputs.get("name") or [])
+            names = list(outputs.get("name") or []) + [name for name, _ in outputs.get("failed") or []]
             self.progress.update(self.task, advance=len(names), description=" ".join(names))
 
     def on_predict_end(self, trainer, pl_module) -> None:
@@ -272,6 +318,15 @@ class ResultsTable(Callback):
         self.rows = sorted({r["name"]: r for r in rows}.values(), key=lambda r: r["name"])
         if trainer.is_global_zero:
             self.paths = write_table(self.rows, self.stem, self.title)
+
+    @staticmethod
+    def terminal_table(rows: list[dict], title: str = "", caption: str = ""):
+        """Per scene (and their mean) PSNR, SSIM, SAM and time, as a ``rich.table.Table`` that fits the console
+        (cells wrap, none is cut); the written table has every column."""
+        have = {k for r in rows for k in r}
+        columns = {k: h for k, h in (("name", "scene"), ("psnr", "PSNR"), ("ssim", "SSIM"), ("sam", "SAM"),
+                                     ("time", "time (s)")) if k in have}
+        return terminal_table(rows, columns, title=title, caption=caption)
 
 
 class ElapsedTime(Callback):

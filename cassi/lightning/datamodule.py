@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler
 
-from cassi.data.datasets import stable_seed
+from cassi.data.datasets import collate, stable_seed
 from cassi.data.simulate import Simulator
 
 __all__ = ["CASSIDataModule", "EpochSampler", "check_disjoint", "seed_worker"]
@@ -127,8 +127,9 @@ class CASSIDataModule(L.LightningDataModule):
         ds = self.datasets[split]
         if ds is None:
             return []  # Lightning skips a stage without batches
+        # collate: samples that failed to load (MeasurementFiles(skip_invalid=True)) go to batch["failed"]
         return DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers,
-                          pin_memory=self.pin_memory, worker_init_fn=seed_worker,
+                          pin_memory=self.pin_memory, worker_init_fn=seed_worker, collate_fn=collate,
                           generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self):

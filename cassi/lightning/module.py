@@ -9,6 +9,7 @@ from the per-sample masks with the configured geometry.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Callable
 
@@ -79,10 +80,14 @@ class ReconstructionModule(L.LightningModule):
         baseline: {"x", "time", "iterations", "residual", "metrics"})}; or
         {"name", "skipped": True} when ``skip`` accepts every scene; or {"name", "error": "Type: message"}
         when the reconstruction raises (so that one bad scene does not stop the others); a baseline that
-        raises gives "baseline": {"error": ...} beside the method's result."""
+        raises gives "baseline": {"error": ...} beside the method's result. Inputs that failed to load (the
+        batch's "failed" (name, reason) pairs, see ``cassi.data.datasets.collate``) come back as "failed"."""
+        failed = {"failed": list(batch["failed"])} if batch.get("failed") else {}
+        if failed and "y" not in batch:  # every input of the batch failed to load
+            return {"name": [], **failed}
         names = batch.get("name") or [f"scene{batch_idx}_{i}" for i in range(batch["y"].shape[0])]
         if self.skip is not None and all(self.skip(n) for n in names):
-            return {"name": names, "skipped": True}
+            return {"name": names, "skipped": True, **failed}
         def run(reconstructor) -> dict:
             try:
                 x, stats = self.reconstruct(batch, reconstructor)
@@ -90,7 +95,7 @@ class ReconstructionModule(L.LightningModule):
                 return {"error": f"{type(e).__name__}: {e}"}
             return {"x": x, **stats} | ({"metrics": all_metrics(x, batch["x"])} if "x" in batch else {})
 
-        out = {"name": names, **run(self.reconstructor)}
+        out = {"name": names, **run(self.reconstructor), **failed}
         if self.baseline is not None and "error" not in out:  # a failing baseline keeps the method's result
             out["baseline"] = run(self.baseline)
         return out
@@ -148,3 +153,44 @@ def write_table(rows: list[dict], path_stem, title: str = "") -> list:
     outputs = {".md": "\n".join(md) + "\n", ".csv": buf.getvalue(),
                ".json": json.dumps({"scenes": rows, "mean": mean}, indent=1)}
     return [write_text_atomic(stem.with_suffix(ext), text) for ext, text in outputs.items()]
+
+
+def _cell(key: str, value) -> str:
+    """A number as a person reads it: PSNR / SAM 2 decimals, SSIM / residual 3, seconds 3 significant digits."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "" if value is None else str(value)
+    if key.endswith("time"):
+        return f"{value:.3g}"
+    if key.endswith(("ssim", "residual")):
+        return f"{value:.3f}"
+    if key.endswith(("psnr", "psnr_table", "sam")):
+        return f"{value:.2f}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def short_name(title: str | None, default: str = "") -> str:
+    """The class a reconstructor's repr names, past wrappers: "Tiled(GAPTV(iters=80), size=512)" -> "GAPTV"."""
+    names = re.findall(r"([A-Za-z_]\w*)\(", title or "")
+    return next((n for n in names if n != "Tiled"), names[0] if names else default)
+
+
+def terminal_table(rows: list[dict], columns: dict[str, str], title: str = "", caption: str = "",
+                   mean: bool | list[dict] = True):
+    """The few ``columns`` ({key: header}) of a per-scene table that a person reads, and the mean, as a
+    ``rich.table.Table`` that fits the console it is printed on: a cell too long for its column wraps (at
+    spaces; a word longer than the column, e.g. a long file name, is folded onto the next lines), never cut to
+    "…". ``mean``: True for the mean of ``rows`` as the last row, or the rows to show there. The files
+    :func:`write_table` writes keep every column; this is what the scripts print."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title or None, caption=caption or None, box=box.SIMPLE_HEAD, show_edge=False,
+                  padding=0, title_justify="left", caption_justify="left")  # columns one space apart
+    for key, header in columns.items():  # text wraps at spaces where it must (a long word is folded), numbers never
+        text = key in ("name", "method", "status", "error")
+        table.add_column(header, overflow="fold", no_wrap=not text, justify="left" if text else "right")
+    for r in rows:
+        table.add_row(*(_cell(k, r.get(k)) for k in columns))
+    for r in [{"name": "mean", **summarize(rows)}] if mean is True and rows else list(mean or []):
+        table.add_row(*(_cell(k, r.get(k)) for k in columns), style="bold")
+    return table

@@ -307,8 +307,10 @@ def _write(table: dict, stem: Path) -> list[Path]:
 
 
 def latest_sweep(root) -> Path:
-    """The newest sweep folder (holding ``multirun.yaml``) under ``root`` (e.g. ``multirun/``)."""
-    sweeps = sorted(Path(root).rglob("multirun.yaml"), key=lambda p: p.stat().st_mtime)
+    """The newest sweep folder under ``root`` (e.g. ``multirun/``): one holding ``multirun.yaml`` (a grid sweep:
+    Hydra's basic sweeper writes it first) or ``optimization_results.yaml`` (an Optuna search, at its end)."""
+    sweeps = sorted([*Path(root).rglob("multirun.yaml"), *Path(root).rglob("optimization_results.yaml")],
+                    key=lambda p: p.stat().st_mtime)
     if not sweeps:
-        raise FileNotFoundError(f"no sweep folder (with multirun.yaml) under {root}")
+        raise FileNotFoundError(f"no sweep folder (with multirun.yaml or optimization_results.yaml) under {root}")
     return sweeps[-1].parent

@@ -22,7 +22,8 @@ from cassi.data.datasets import _wavelengths
 from cassi.lightning.module import ReconstructionModule
 from cassi.metrics import all_metrics
 from cassi.models.camera import describe_camera
-from cassi.models.checkpoint import load_model
+from cassi.models.card import training_record
+from cassi.models.checkpoint import load_model, resolve_checkpoint
 from cassi.models.losses import ReconstructionLoss
 from cassi.models.refine import stage_shapes
 
@@ -64,12 +65,18 @@ class TrainingModule(ReconstructionModule):
         init_weights: start from these weights (a checkpoint path or ``pretrained/<name>``, e.g. the
             weights-only file ``cassi.models.export_weights`` writes) with a fresh optimizer and schedule;
             the checkpoint's model must have the same constructor arguments as ``model``.
+        init_training: the training ``init_weights`` holds in all, {"pieces", "steps", "cpu_min", "wall_min"}
+            (any of them), for a checkpoint that does not record it (one written before the record, e.g. the
+            shipped models: their cards give the figures); by default it is read from the checkpoint.
+    Checkpoints record, besides this run's steps and CPU time, what the weights it started from hold
+    (``"cassi"`` entry ``"trained_before"``), so that the total over an ``init_weights=`` chain of runs is
+    known (``cassi.models.card.training_record``; model cards state it).
     """
 
     def __init__(self, model: nn.Module, operator: Callable, loss: Callable | None = None,
                  optimizer: Callable | None = None, scheduler: Callable | None = None,
                  stage_weights: Sequence[float] | None = None, wavelengths: Sequence[float] | str | None = None,
-                 log_images: int = 1, init_weights: str | None = None):
+                 log_images: int = 1, init_weights: str | None = None, init_training: dict | None = None):
         super().__init__(model, operator)
         config = getattr(model, "config", None)
         if not isinstance(config, dict) or "_target_" not in config:
@@ -82,6 +89,9 @@ class TrainingModule(ReconstructionModule):
                 raise ValueError(f"stage_weights must be 1..{stages} weights >= 0, got {stage_weights}")
         if init_weights:
             self._init_weights(model, config, init_weights)
+        elif init_training:
+            raise ValueError("init_training describes the training of init_weights, which is not given")
+        self.trained_before = self._trained_before(init_weights, init_training)
         self.loss = loss if loss is not None else ReconstructionLoss("l1")
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.stage_weights, self.log_images = stage_weights, log_images
@@ -114,6 +124,21 @@ class TrainingModule(ReconstructionModule):
         missing = model.load_state_dict(trained.state_dict(), strict=False).missing_keys
         if missing and "stages" not in ignore:
             raise ValueError(f"init_weights={path}: no weights for {missing[:3]}")
+
+    @staticmethod
+    def _trained_before(init_weights: str | None, given: dict | None) -> dict:
+        """What the starting weights hold: zero from scratch; else the total training_record of the checkpoint
+        ``init_weights``, its figures replaced by those ``given`` (and then taken as exact)."""
+        if not init_weights:
+            return {"pieces": 0, "steps": 0, "cpu_min": 0.0, "wall_min": 0.0, "partial": []}
+        record = training_record(torch.load(resolve_checkpoint(init_weights), map_location="cpu", weights_only=True))
+        record = {k: record[k] for k in ("pieces", "steps", "cpu_min", "wall_min", "partial")}
+        for k, v in dict(given or {}).items():
+            if k not in ("pieces", "steps", "cpu_min", "wall_min"):
+                raise ValueError(f"init_training: unknown figure {k!r} (pieces, steps, cpu_min, wall_min)")
+            record[k] = float(v) if k.endswith("_min") else int(v)
+            record["partial"] = [p for p in record["partial"] if p != k]
+        return record
 
     # ------------------------------------------------------------------ steps
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -196,7 +221,7 @@ class TrainingModule(ReconstructionModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["cassi"] = {"model": dict(self.reconstructor.config), "geometry": self.geometry,
                                "wavelengths": self.wavelengths, "version": cassi.__version__,
-                               "camera": self._camera()}
+                               "camera": self._camera(), "trained_before": self.trained_before}
 
     def _camera(self) -> dict | None:
         """The camera the model is trained for (:mod:`cassi.models.camera`): the training data's simulator (the
@@ -211,6 +236,8 @@ class TrainingModule(ReconstructionModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.geometry = checkpoint.get("cassi", {}).get("geometry")
+        # resumed: the run's record (a checkpoint written before it: what this command's init_weights says)
+        self.trained_before = checkpoint.get("cassi", {}).get("trained_before", self.trained_before)
 
 
 def best_score(callback) -> float | None:

@@ -1,6 +1,6 @@
-"""Prior networks of the unrolled models: a U-Net (GAP-Net / ADMM-Net) and a half-shuffle
-transformer (DAUHST-style). Both map (B, C_in, H, W) -> (B, C_out, H, W) at any H, W: they pad
-inside (replicate) to the multiple their down-sampling and windows need, and crop back.
+"""Prior networks of the unrolled models (GAP-Net / ADMM-Net): a U-Net and a convolutional ResStack. Both map
+(B, C_in, H, W) -> (B, C_out, H, W) at any H, W: they pad inside (replicate) to the multiple their
+down-sampling needs, and crop back. (DAUHST's transformer is in :mod:`cassi.models.zoo.dauhst`.)
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["UNet", "ResStack", "HalfShuffleTransformer", "StageEstimator", "padded"]
+__all__ = ["UNet", "ResStack", "padded"]
 
 
 def padded(x: torch.Tensor, multiple: int, fn) -> torch.Tensor:
@@ -91,109 +91,11 @@ class ResStack(nn.Module):
         return padded(x, self.multiple, self._forward)
 
 
-class _HalfShuffleAttention(nn.Module):
-    """Multi-head self-attention on (B, H, W, D) tokens: half the channels attend within
-    w×w windows (local), the other half across windows among pixels at the same position in
-    their window (shuffle: non-local). H, W must be multiples of w."""
+def __getattr__(name: str):
+    """Transitional: DAUHST's blocks are in :mod:`cassi.models.zoo.dauhst` (delete this once
+    cassi/models/__init__.py stops importing them from here)."""
+    if name in ("HalfShuffleTransformer", "StageEstimator"):
+        from cassi.models.zoo import dauhst
 
-    def __init__(self, dim: int, heads: int, window: int):
-        super().__init__()
-        if dim % 2 or (dim // 2) % heads:
-            raise ValueError(f"attention dim {dim} must be even and dim/2 divisible by heads={heads}")
-        self.heads, self.window = heads, window
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
-        self.proj = nn.Linear(dim, dim)
-
-    def _attend(self, t: torch.Tensor) -> torch.Tensor:
-        """(N, L, 3d) -> (N, L, d), multi-head attention over L tokens."""
-        N, L, _ = t.shape
-        q, k, v = t.reshape(N, L, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(N, L, -1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, H, W, D = x.shape
-        w, nh, nw = self.window, H // self.window, W // self.window
-        qkv = self.qkv(x).reshape(B, nh, w, nw, w, 3, 2, D // 2)  # (.., q/k/v, local/shuffle, d)
-        local = qkv[..., 0, :].permute(0, 1, 3, 2, 4, 5, 6).reshape(B * nh * nw, w * w, -1)
-        shuffle = qkv[..., 1, :].permute(0, 2, 4, 1, 3, 5, 6).reshape(B * w * w, nh * nw, -1)
-        local = self._attend(local).reshape(B, nh, nw, w, w, -1).permute(0, 1, 3, 2, 4, 5)
-        shuffle = self._attend(shuffle).reshape(B, w, w, nh, nw, -1).permute(0, 3, 1, 4, 2, 5)
-        return self.proj(torch.cat([local.reshape(B, H, W, -1), shuffle.reshape(B, H, W, -1)], dim=-1))
-
-
-class _Block(nn.Module):
-    """Pre-norm transformer block on (B, H, W, D): attention + (1×1, depthwise 3×3, GELU, 1×1) FFN."""
-
-    def __init__(self, dim: int, heads: int, window: int, expand: int = 4):
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = _HalfShuffleAttention(dim, heads, window)
-        self.ffn = nn.Sequential(nn.Conv2d(dim, dim * expand, 1), nn.GELU(),
-                                 nn.Conv2d(dim * expand, dim * expand, 3, padding=1, groups=dim * expand),
-                                 nn.GELU(), nn.Conv2d(dim * expand, dim, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, D, H, W) -> (B, D, H, W)
-        t = x.permute(0, 2, 3, 1)
-        t = t + self.attn(self.norm1(t))
-        t = t.permute(0, 3, 1, 2)
-        return t + self.ffn(self.norm2(t.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
-
-
-class HalfShuffleTransformer(nn.Module):
-    """U-shaped half-shuffle transformer (DAUHST's HST prior, simplified): 3×3 embedding to
-    ``dim``, ``len(blocks)`` scales (dim·2^s channels, ``blocks[s]`` blocks each, 4×4 stride-2
-    conv down, 2×2 transposed conv up, 1×1 fusion of the skip), 3×3 mapping back; residual on the
-    first C_out input channels. Departs from the paper: no fixed position embedding (any size),
-    pads to window·2^(scales−1) inside. (B, C_in, H, W) -> (B, C_out, H, W).
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, dim: int = 28, blocks=(1, 1, 1), heads: int = 1,
-                 window: int = 8):
-        super().__init__()
-        blocks = list(blocks)
-        if not blocks or min(blocks) < 0 or window < 1:
-            raise ValueError(f"HalfShuffleTransformer needs blocks per scale >= 0 and window >= 1, "
-                             f"got blocks={blocks}, window={window}")
-        self.out_channels, self.multiple = out_channels, window * 2 ** (len(blocks) - 1)
-        dims = [dim * 2**s for s in range(len(blocks))]
-        self.embed = nn.Conv2d(in_channels, dim, 3, padding=1)
-        self.enc = nn.ModuleList(nn.Sequential(*[_Block(d, heads, window) for _ in range(n)])
-                                 for d, n in zip(dims, blocks))
-        self.down = nn.ModuleList(nn.Conv2d(d, 2 * d, 4, stride=2, padding=1) for d in dims[:-1])
-        self.up = nn.ModuleList(nn.ConvTranspose2d(2 * d, d, 2, stride=2) for d in dims[:-1])
-        self.fuse = nn.ModuleList(nn.Conv2d(2 * d, d, 1) for d in dims[:-1])
-        self.dec = nn.ModuleList(nn.Sequential(*[_Block(d, heads, window) for _ in range(n)])
-                                 for d, n in zip(dims[:-1], blocks[:-1]))
-        self.mapping = _near_zero(nn.Conv2d(dim, out_channels, 3, padding=1))
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        h, skips = self.embed(x), []
-        for s, enc in enumerate(self.enc):
-            h = enc(h)
-            if s < len(self.down):
-                skips.append(h)
-                h = self.down[s](h)
-        for s in reversed(range(len(self.up))):
-            h = self.dec[s](self.fuse[s](torch.cat([self.up[s](h), skips[s]], dim=1)))
-        return x[:, : self.out_channels] + self.mapping(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return padded(x, self.multiple, self._forward)
-
-
-class StageEstimator(nn.Module):
-    """DAUHST's parameter estimator: 1×1 conv, ReLU, 3×3 stride-2 conv, global average pool, three
-    1×1 convs, softplus: (B, C_in, H, W) -> two (B, K) tensors of positive per-stage values
-    (α_k, added to Φ in the data step, and β_k, the noise level handed to the prior)."""
-
-    def __init__(self, in_channels: int, stages: int, width: int = 32):
-        super().__init__()
-        self.stages = stages
-        self.features = nn.Sequential(nn.Conv2d(in_channels, width, 1), nn.ReLU(inplace=True),
-                                      nn.Conv2d(width, width, 3, stride=2, padding=1), nn.AdaptiveAvgPool2d(1))
-        self.mlp = nn.Sequential(nn.Conv2d(width, width, 1), nn.ReLU(inplace=True), nn.Conv2d(width, width, 1),
-                                 nn.ReLU(inplace=True), nn.Conv2d(width, 2 * stages, 1), nn.Softplus())
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        p = self.mlp(self.features(x)).flatten(1) + 1e-6
-        return p[:, : self.stages], p[:, self.stages:]
+        return getattr(dauhst, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

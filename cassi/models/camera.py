@@ -7,6 +7,7 @@ or None} (from the data's :class:`cassi.data.simulate.Simulator`). Mask descript
 - {"kind": "crops", "sha256", "shape", "fill", "binary", "segments"}: random windows of one larger mask (the
   hashes of its row segments recognise a window: :func:`cassi.data.masks.segment_hashes`)
 - {"kind": "bernoulli", "p"}: a fresh Bernoulli(p) mask per sample
+- {"kind": "blocks", "p", "block"}: a fresh mask of binary blocks of ``block`` px per sample
 
 :func:`check_camera` compares an operator's mask with that record and logs one warning line (once per model and
 mask) when the model reconstructs through a mask it was not trained for. Imports torch only.
@@ -39,6 +40,8 @@ def _text(info: dict) -> str:
     kind = info.get("kind")
     if kind == "bernoulli":
         return f"Bernoulli({info.get('p')}) masks"
+    if kind == "blocks":
+        return f"Bernoulli({info.get('p')}) masks of {info.get('block')}-px blocks"
     if kind in ("fixed", "crops"):
         what = "the mask" if kind == "fixed" else "random crops of the mask"
         shape = "×".join(str(s) for s in info.get("shape", []))
@@ -56,8 +59,12 @@ def _fits(info: dict, mask: torch.Tensor, stats: dict) -> bool:
         known = set(info.get("segments") or ())
         row = mask.reshape(-1, mask.shape[-2], mask.shape[-1])[0, 0]
         return bool(known) and any(h in known for h in row_segment_hashes(row))
-    if kind == "bernoulli":
-        return stats["binary"] and abs(stats["fill"] - float(info.get("p", -1))) < 0.05
+    if kind in ("bernoulli", "blocks"):
+        b = int(info.get("block", 1))
+        m = mask.reshape(-1, *mask.shape[-2:])[0]
+        h, w = (m.shape[0] // b) * b, (m.shape[1] // b) * b  # blocks: constant on the b×b grid
+        blocky = b == 1 or bool((m[:h, :w] == m[:h:b, :w:b].repeat_interleave(b, 0).repeat_interleave(b, 1)).all())
+        return stats["binary"] and blocky and abs(stats["fill"] - float(info.get("p", -1))) < 0.05
     return True  # an unknown source: nothing to compare
 
 

@@ -2,8 +2,6 @@
 and the card's markdown (scores beside A⁺y and GAP-TV, training cost, geometry, notes)."""
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -13,7 +11,70 @@ from cassi.metrics import all_metrics
 from cassi.models.checkpoint import training_time
 from cassi.operator import CASSI
 
-__all__ = ["reference_input", "reference_output", "reference_psnr", "card_markdown"]
+__all__ = ["reference_input", "reference_output", "reference_psnr", "card_markdown", "training_record",
+           "training_text"]
+
+_TOTALS = ("steps", "cpu_min", "wall_min")
+
+
+def training_record(ckpt: dict) -> dict:
+    """The training the weights of ``ckpt`` (a loaded checkpoint: a training one, or the weights-only file of
+    ``export_weights``) hold, over every piece of its ``init_weights=`` chain: {"pieces", "steps", "cpu_min",
+    "wall_min", "partial", "complete", "last": this checkpoint's own piece {"steps", "cpu_min", "wall_min"}}.
+
+    A piece's steps and CPU time come from the checkpoint (its optimizer steps and ``ElapsedTime`` state, or
+    the weights-only "step" and "elapsed"); what the weights it started from hold, from its "cassi" entry's
+    "trained_before" ({"pieces", "steps", "cpu_min", "wall_min"}: zero for a run from scratch, written by
+    ``cassi.lightning.TrainingModule``). "partial" names the figures that are lower bounds because some piece
+    does not record them (a checkpoint written before this record, a run without ``ElapsedTime``): they count
+    what is recorded; "complete" is True when there is none. A figure nothing records is None."""
+    info = ckpt.get("cassi") or {}
+    step = ckpt.get("global_step", info.get("step"))
+    last = {"steps": None if step is None else int(step), **training_time(ckpt)}
+    last = {k: last.get(k) for k in _TOTALS}
+    before = info.get("trained_before")
+    recorded = isinstance(before, dict)
+    before = before if recorded else {}
+    total, partial = {"pieces": int(before.get("pieces") or 0) + 1}, set(before.get("partial") or ())
+    if not recorded:
+        partial.add("pieces")
+    for k in _TOTALS:
+        known = [v for v in (before.get(k), last[k]) if v is not None]
+        total[k] = sum(known) if known else None
+        if last[k] is None or before.get(k) is None and (not recorded or total["pieces"] > 1):
+            partial.add(k)
+    partial = sorted(partial)
+    return {**total, "partial": partial, "complete": not partial, "last": last}
+
+
+def _cost(record: dict, partial=()) -> str:
+    """"N optimizer steps, H CPU-hours (W h wall)" of a training record or piece ("at least" before a figure
+    in ``partial``; "not recorded" for a missing one)."""
+    def fig(key: str, text) -> str:
+        return f"at least {text}" if key in partial else str(text)
+
+    steps = ("optimizer steps not recorded" if record.get("steps") is None
+             else f"{fig('steps', record['steps'])} optimizer steps")
+    if record.get("cpu_min") is None:
+        return f"{steps}, CPU time not recorded in the checkpoint"
+    wall = record.get("wall_min")
+    return (f"{steps}, {fig('cpu_min', format(record['cpu_min'] / 60, '.2f'))} CPU-hours"
+            + (f" ({fig('wall_min', format(wall / 60, '.2f'))} h wall)" if wall is not None else ""))
+
+
+def training_text(record: dict) -> str:
+    """The card's training line, from :func:`training_record`: the total training the weights hold (every
+    ``init_weights=`` piece), then the last piece's."""
+    last = _cost(record["last"])
+    if record["pieces"] == 1 and "pieces" not in record["partial"]:
+        return f"{last}: all of it (one piece, from scratch)"
+    if "pieces" in record["partial"] and record["pieces"] == 1:  # a checkpoint written before the record
+        return (f"this checkpoint's piece {last}; whether it started from trained weights (`init_weights=`), and "
+                f"their training, is not recorded in the checkpoint")
+    note = "" if record["complete"] else " (some pieces' figures are not recorded)"
+    pieces = f"{'at least ' if 'pieces' in record['partial'] else ''}{record['pieces']} pieces"
+    return (f"in all {pieces} (an `init_weights=` chain), {_cost(record, record['partial'])}"
+            f"{note}; the last piece {last}")
 
 
 def reference_input(model: nn.Module, size: tuple[int, int] = (64, 96), seed: int = 0):
@@ -63,16 +124,13 @@ def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, 
                   half: bool = False) -> str:
     """The model card: ``results`` {"validation"|"test": {method: per-scene rows (name, psnr, ssim, sam,
     time)}}, ``checkpoint`` the training checkpoint (steps, CPU time of the ElapsedTime callback) or a
-    weights-only one (its "cassi" entry's "step" and "elapsed")."""
+    weights-only one (its "cassi" entry's "step" and "elapsed"); its training line states the total training
+    the weights hold over their ``init_weights=`` chain (:func:`training_record`) and the last piece's."""
     n = sum(p.numel() for p in model.parameters())
     geo = model.geometry or {}
     offs = geo.get("offsets") or []
     steps = {round(b - a, 6) for a, b in zip(offs, offs[1:])}
     dispersion = f"step {steps.pop():g} px per band" if len(steps) == 1 else f"offsets {offs}"
-    elapsed = training_time(checkpoint)
-    steps_trained = checkpoint.get("global_step", checkpoint.get("cassi", {}).get("step", "?"))  # or weights-only
-    cost = (f"{elapsed['cpu_min'] / 60:.2f} CPU-hours ({elapsed.get('wall_min', math.nan) / 60:.2f} h wall)"
-            if "cpu_min" in elapsed else "CPU time not recorded in the checkpoint")
     wl = model.wavelengths or []
     lines = [
         f"# `{name}` — {type(model).__name__}, {n / 1e6:.2f} M parameters",
@@ -86,7 +144,7 @@ def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, 
         f"| geometry it fits | {model.bands} bands, {dispersion}, dispersion along `{geo.get('axis', 'w')}`"
         f" (any other geometry is refused before any work) |",
         f"| wavelengths (nm) | {wl[0]:g} … {wl[-1]:g} ({len(wl)} bands) |" if wl else "| wavelengths | not stored |",
-        f"| training | {steps_trained} optimizer steps, {cost} |",
+        f"| training | {training_text(training_record(checkpoint))} |",
         f"| weights | {'float16' if half else 'float32'} "
         f"({'validation PSNR within 0.05 dB of float32' if half else 'as trained'}) |",
         f"| reference | PSNR {reference_psnr(model):.2f} dB on `cassi.models.card.reference_input` "

@@ -84,8 +84,8 @@ def load_model(path, map_location="cpu", operator=None) -> nn.Module:
     model.camera = info.get("camera")  # the training masks and noise (cassi.models.camera): checked per operator
     model.wavelengths = info.get("wavelengths")
     model.source = str(path)
-    if operator is not None:
-        model.check(operator(mask=torch.ones(1, 1)))
+    if operator is not None:  # the band count and dispersion (a stand-in mask: its size and camera come later)
+        model.check_geometry(operator(mask=torch.ones(1, 1)))
     return model.to(map_location).eval()
 
 

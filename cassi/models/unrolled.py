@@ -10,26 +10,25 @@ Families (the data step is ``op.data_step``: z + Aᵀ((y − A z) ⊘ (Φ + ρ))
 
 - :class:`GAPNet`:  x_k = z + λ_k·Aᵀ((y − A z) ⊘ Φ),  z_k = U-Net_k(x_k)
 - :class:`ADMMNet`: x_k = data_step(z + b, y, ρ_k),  z_k = U-Net_k(x_k − b),  b ← b − (x_k − z_k)
-- :class:`DAUHST`:  (α, β) = estimator(x₀, mask);  x_k = data_step(z, y, α_k),  z_k = HST_k([x_k, β_k])
+
+DAUHST (the toolbox's, weight-compatible) is :class:`cassi.models.zoo.dauhst.DAUHST`.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cassi.models.blocks import HalfShuffleTransformer, ResStack, StageEstimator, UNet
+from cassi.models.blocks import ResStack, UNet
 from cassi.models.camera import check_camera
 from cassi.registry import register
 
 PRIORS = {"unet": UNet, "resstack": ResStack}
 
-__all__ = ["Reconstructor", "Unrolled", "GAPNet", "ADMMNet", "DAUHST"]
+__all__ = ["Reconstructor", "Unrolled", "GAPNet", "ADMMNet"]
 
 
 def _plain(v):
@@ -77,8 +76,13 @@ class Reconstructor(nn.Module):
         return f"{type(self).__name__}(bands={self.bands}{stages}, {n / 1e6:.3g} M parameters{where})"
 
     def check(self, op) -> None:
-        """ValueError when ``op``'s band count (or, for a loaded checkpoint, its dispersion) differs; one
-        warning line when its mask is not one the model was trained for (:func:`cassi.models.camera.check_camera`)."""
+        """Before reconstructing through ``op``: :meth:`check_geometry`, then one warning line when its mask is
+        not one the model was trained for (:func:`cassi.models.camera.check_camera`)."""
+        self.check_geometry(op)
+        check_camera(self, op)
+
+    def check_geometry(self, op) -> None:
+        """ValueError when ``op``'s band count (or, for a loaded checkpoint, its dispersion) differs."""
         where = f"the model from {self.source}" if self.source else f"this {type(self).__name__}"
         if op.bands != self.bands:
             raise ValueError(f"{where} reconstructs {self.bands} bands but the operator has {op.bands}; "
@@ -91,7 +95,6 @@ class Reconstructor(nn.Module):
                 raise ValueError(f"{where} was trained for dispersion offsets {_short(offs)} along {axis!r}, "
                                  f"but the operator has offsets {_short(op.offsets)} along {op.axis!r}; "
                                  f"set operator.step/operator.offsets/operator.axis to match or use another model")
-        check_camera(self, op)
 
 
 class Unrolled(Reconstructor):
@@ -219,32 +222,11 @@ class ADMMNet(Unrolled):
         return {"b": b - (x - z), "z": z}
 
 
-@register
-class DAUHST(Unrolled):
-    """DAUHST-style (Cai et al. 2022, degradation-aware unfolding half-shuffle transformer).
+def __getattr__(name: str):
+    """Transitional: ``DAUHST`` is the toolbox's model in :mod:`cassi.models.zoo.dauhst` (delete this once
+    cassi/models/__init__.py imports it from there)."""
+    if name == "DAUHST":
+        from cassi.models.zoo.dauhst import DAUHST
 
-    (α, β) = estimator([x₀, mean_c M]) (B, K) each; x_k = z + Aᵀ((y − A z) ⊘ (Φ + α_k)),
-    z_k = HST_k([x_k, β_k]) with β_k broadcast as an extra channel. Departs from the paper: the
-    initial estimate is the masked pseudo-inverse A⁺y (not y·2/C shifted back and fused with Φ),
-    the estimator sees the mean of the mask over bands (any mask layout), and the HST has no
-    fixed position embedding (any size). (B, 1, H, W+Δ) -> (B, C, H, W).
-    """
-
-    def __init__(self, bands: int = 28, stages: int = 9, dim: int = 28, blocks: Sequence[int] = (1, 1, 1),
-                 heads: int = 1, window: int = 8, share: bool = False, checkpointing: bool = False,
-                 normalize: bool = False):
-        super().__init__(bands, stages, share, checkpointing, normalize)
-        self.config = _config(self, dict(locals()))
-        self.estimator = StageEstimator(bands + 1, stages)
-        self.priors = self._make_priors(lambda: HalfShuffleTransformer(bands + 1, bands, dim, blocks, heads, window))
-
-    def _init(self, op, y, x0):
-        mask = op.mask.mean(1, keepdim=True).expand(x0.shape[0], 1, -1, -1).to(x0.dtype)
-        alpha, beta = self.estimator(torch.cat([x0, mask], dim=1))
-        return {"alpha": alpha.to(x0.dtype), "beta": beta.to(x0.dtype), "z": x0}
-
-    def _stage(self, k, op, y, state):
-        z, alpha, beta = state["z"], state["alpha"], state["beta"]
-        x = op.data_step(z, y, alpha[:, k, None, None, None])
-        noise = beta[:, k, None, None, None].expand(-1, 1, *x.shape[-2:])
-        return {"alpha": alpha, "beta": beta, "z": self._prior(k, torch.cat([x, noise], dim=1))}
+        return DAUHST
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

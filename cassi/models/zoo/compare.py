@@ -73,17 +73,12 @@ def toolbox_inputs(tb, method: str, x: torch.Tensor, mask: torch.Tensor):
 
 
 def _median_pair(a, b, repeats: int) -> tuple[float, float]:
-    """Median seconds of ``a()`` and ``b()`` called alternately ``repeats`` times after one warm-up call each."""
-    import time
+    """Median seconds of ``a()`` and ``b()`` called in turn, round after round (cassi.bench's timing: a ratio
+    measured under one machine state), after one warm-up call each."""
+    from cassi.bench import _medians_once
 
-    a(), b()
-    times: tuple[list, list] = ([], [])
-    for _ in range(repeats):
-        for fn, t in zip((a, b), times):
-            t0 = time.perf_counter()
-            fn()
-            t.append(time.perf_counter() - t0)
-    return tuple(sorted(t)[len(t) // 2] for t in times)
+    ms = _medians_once([a, b], repeats, 1, lambda: None)
+    return ms[0] / 1e3, ms[1] / 1e3
 
 
 def benchmark(tb, method: str, size: int = 256, batch: int = 1, threads: int = 1, repeats: int = 5,

@@ -225,3 +225,25 @@ def seeded_state(model: nn.Module, seed: int = 0, scale: float = 0.1) -> dict[st
         r = torch.rand(v.shape, generator=gen, dtype=torch.float64) * 2 - 1
         out[k] = (r * scale * math.sqrt(3.0 / fan) * (3 if v.ndim > 1 else 1)).to(v.dtype)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- training
+def multistep(optimizer: torch.optim.Optimizer, milestones, gamma: float = 0.5, epoch_steps: int = 1000,
+              warmup_steps: int = 0, min_lr: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+    """The toolbox's MultiStepLR as a per-step schedule (``module.scheduler``, stepped every optimizer step):
+    lr_t = lr·γ^(number of ``milestones`` ≤ t/``epoch_steps``), milestones in epochs (the toolbox's epoch is
+    5000 samples: 1000 steps at batch 5); linear warm-up over ``warmup_steps``; never below ``min_lr``. Takes
+    the keys of conf/train.yaml's cosine schedule (warmup_steps, min_lr) so that an experiment can swap it in."""
+    marks = sorted(float(m) for m in milestones)
+    if epoch_steps < 1 or warmup_steps < 0 or gamma <= 0:
+        raise ValueError(f"need epoch_steps >= 1, warmup_steps >= 0, gamma > 0, got {epoch_steps}, {warmup_steps}, "
+                         f"{gamma}")
+    base = [g["lr"] for g in optimizer.param_groups]
+
+    def factor(step: int, lr: float) -> float:
+        f = gamma ** sum(step >= m * epoch_steps for m in marks)
+        if step < warmup_steps:
+            f *= (step + 1) / warmup_steps
+        return max(f, min(min_lr / lr, 1.0)) if lr > 0 and step >= warmup_steps else f
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda s, lr=lr: factor(s, lr) for lr in base])

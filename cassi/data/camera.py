@@ -1,0 +1,167 @@
+"""A camera: what a reconstruction needs to know about the instrument (conf/camera/*.yaml, ``camera=<name>`` or
+``camera.<key>=...`` in every script).
+
+    cam = Camera(mask="mask.mat", masks="crops", bands=28, wavelengths="tsa", step=2, noise={"photons": 3413})
+    cam.check(frame=(256, 256))       # one clear line for a bad spec, before any work
+    sim = cam.simulator()             # cassi.data.simulate.Simulator: masks, geometry, noise
+
+The mask is a file (any format :mod:`cassi.io` reads; it may be larger than the frame) or generated. ``masks`` says
+how training scenes meet it: "fixed" (the mask, centre-cropped to the scene), "crops" (random windows of it, as
+real-data training does), "bernoulli" (a fresh Bernoulli(``fill``) mask per sample) or "blocks" (random binary
+blocks of ``block`` px, fill ``fill``). Validation and test use the centre crop of a file's mask, or fresh seeded
+masks of the same kind. The noise: shot noise of ``photons`` at y = 1 (and ``bit_depth``), then Gaussian
+``sigma``; all None is noiseless. Imports torch only.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from cassi import io
+from cassi.data.datasets import _wavelengths
+from cassi.data.noise import Compose, GaussianNoise, ShotNoise
+from cassi.data.simulate import BernoulliMasks, BlockMasks, FixedMask, RandomMaskCrops, Simulator
+
+__all__ = ["Camera", "simulator", "KINDS"]
+
+KINDS = ("fixed", "crops", "bernoulli", "blocks")
+
+
+class Camera:
+    """A CASSI camera (module docstring). Raises ValueError in one line for a spec that cannot work.
+
+    Args:
+        mask: the coded aperture: a path, an (H, W) / (C, H, W) tensor, or None for generated masks.
+        masks: "fixed", "crops", "bernoulli" or "blocks" (how training draws masks).
+        fill: the fill factor of generated masks, in (0, 1].
+        block: the block size (px) of "blocks" masks.
+        key: the variable holding the mask in its file (None: the only array).
+        bands: C. wavelengths: nm per band, "tsa", "cave" or None.
+        step: dispersion in px per band (fractional allowed); offsets: per-band offsets instead; axis: "w" or "h".
+        noise: None or {"photons", "bit_depth", "sigma"} (missing or None entries are off).
+    """
+
+    def __init__(self, mask=None, masks: str = "fixed", fill: float = 0.5, block: int = 1, key: str | None = None,
+                 bands: int = 28, wavelengths="tsa", step: float | None = 2, offsets: Sequence[float] | None = None,
+                 axis: str = "w", noise: Mapping | None = None):
+        if masks not in KINDS:
+            raise ValueError(f"camera.masks must be one of {', '.join(KINDS)}, got {masks!r}")
+        if mask is None and masks in ("fixed", "crops"):
+            raise ValueError(f"camera.masks={masks} needs camera.mask (a mask file); or use camera.masks=bernoulli")
+        if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
+            raise ValueError(f"camera.bands must be a positive integer, got {bands!r}")
+        if not (isinstance(fill, (int, float)) and 0 < fill <= 1):
+            raise ValueError(f"camera.fill must be in (0, 1], got {fill!r}")
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"camera.block must be a positive integer (px), got {block!r}")
+        if axis not in ("w", "h"):
+            raise ValueError(f"camera.axis must be 'w' or 'h', got {axis!r}")
+        try:
+            self.wavelengths = _wavelengths(wavelengths, bands, "camera.bands says the camera has")
+        except ValueError as e:
+            raise ValueError(f"camera.wavelengths: {e}") from None
+        if offsets is not None:
+            offsets = [float(o) for o in offsets]
+            if len(offsets) != bands:
+                raise ValueError(f"camera.offsets has {len(offsets)} values but camera.bands={bands}")
+            step = None
+        elif step is None or not isinstance(step, (int, float)) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"camera.step must be a number >= 0 (px per band), or give camera.offsets; got {step!r}")
+        self.mask, self.masks, self.fill, self.block, self.key = mask, masks, float(fill), block, key
+        self.bands, self.step, self.offsets, self.axis = bands, step, offsets, axis
+        self.noise = {k: v for k, v in dict(noise or {}).items() if v is not None}
+        unknown = set(self.noise) - {"photons", "bit_depth", "sigma"}
+        if unknown:
+            raise ValueError(f"camera.noise has unknown keys {sorted(unknown)}; known: photons, bit_depth, sigma")
+        self._noise = self._noise_model()  # checks the values
+
+    # ------------------------------------------------------------------ parts
+    @property
+    def delta(self) -> int:
+        """Δ = ceil(max offset − min offset): how far the bands spread on the detector (px)."""
+        offs = self.offsets if self.offsets is not None else [c * self.step for c in range(self.bands)]
+        return math.ceil(max(offs) - min(offs))
+
+    def _noise_model(self):
+        parts = []
+        if "photons" in self.noise:
+            parts.append(ShotNoise(self.noise["photons"], bit_depth=self.noise.get("bit_depth")))
+        elif "bit_depth" in self.noise:
+            raise ValueError("camera.noise.bit_depth needs camera.noise.photons (quantisation follows shot noise)")
+        if "sigma" in self.noise:
+            parts.append(GaussianNoise(self.noise["sigma"]))
+        return None if not parts else parts[0] if len(parts) == 1 else Compose(parts)
+
+    def mask_shape(self) -> tuple[int, ...] | None:
+        """The mask's shape, from the file's header (nothing else read), or None for generated masks."""
+        if self.mask is None:
+            return None
+        if isinstance(self.mask, torch.Tensor):
+            return tuple(self.mask.shape)
+        return tuple(io.read_header(self.mask, "mask", key=self.key).shape)
+
+    def check(self, frame: tuple[int, int] | None = None) -> None:
+        """ValueError in one line when scenes of ``frame`` (H, W) cannot go through this camera: a mask file that is
+        missing or smaller than the frame, a dispersion that spreads the bands beyond the frame's width."""
+        if self.mask is not None and not isinstance(self.mask, torch.Tensor) and not Path(self.mask).is_file():
+            raise ValueError(f"camera.mask {self.mask} does not exist")
+        shape = self.mask_shape()
+        if frame is None:
+            return
+        h, w = frame
+        if shape is not None and (shape[-2] < h or shape[-1] < w):
+            raise ValueError(f"camera.mask {self.mask} is {shape[-2]}×{shape[-1]}, smaller than the {h}×{w} scenes; "
+                             f"use a larger mask or smaller scenes")
+        span = w if self.axis == "w" else h
+        if self.delta >= span:
+            raise ValueError(f"camera.step/offsets spread the {self.bands} bands over {self.delta} px along "
+                             f"{self.axis!r}, not less than the {span}-px frame: y would hold no whole band")
+
+    def sources(self):
+        """(training mask source, evaluation mask source) for :class:`cassi.data.simulate.Simulator`."""
+        if self.masks == "bernoulli":
+            return BernoulliMasks(self.fill), BernoulliMasks(self.fill)
+        if self.masks == "blocks":
+            return BlockMasks(self.fill, self.block), BlockMasks(self.fill, self.block)
+        fixed = FixedMask(self.mask, crop="center", key=self.key)
+        if self.masks == "fixed":
+            return fixed, fixed
+        return RandomMaskCrops(fixed.mask), fixed
+
+    def simulator(self, backend="auto") -> Simulator:
+        """The measurements this camera makes: y = noise(A_M x) with its masks, geometry and noise."""
+        train, evaluate = self.sources()
+        return Simulator(train, bands=self.bands, step=self.step, offsets=self.offsets, axis=self.axis,
+                         backend=backend, noise=self._noise, eval_masks=evaluate)
+
+    def __repr__(self) -> str:
+        geo = f"offsets={self.offsets}" if self.offsets is not None else f"step={self.step}"
+        mask = self.mask if self.mask is None or not isinstance(self.mask, torch.Tensor) else "tensor"
+        return (f"Camera(mask={mask}, masks={self.masks}, bands={self.bands}, {geo}, axis={self.axis!r}, "
+                f"noise={self.noise or None})")
+
+
+def simulator(camera: Mapping, bands: int | None = None, step: float | None = None,
+              offsets: Sequence[float] | None = None, axis: str | None = None, wavelengths="camera",
+              backend="auto") -> Simulator:
+    """The Simulator of a camera spec (a mapping of :class:`Camera`'s arguments: the ``camera`` config node). The
+    script's own keys win where given (not None): ``bands``, the operator's ``step``/``offsets``/``axis``, and
+    ``wavelengths`` ("camera": the camera's; None: not checked), so that ``bands=6`` or ``operator.step=1.5``
+    keep working beside ``camera.*``."""
+    spec = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in dict(camera).items()}
+    if bands is not None and bands != spec.get("bands"):
+        spec["bands"] = bands
+        spec["wavelengths"] = None if wavelengths == "camera" else wavelengths
+    elif wavelengths != "camera":
+        spec["wavelengths"] = wavelengths
+    if offsets is not None:
+        spec["offsets"], spec["step"] = [float(o) for o in offsets], None
+    elif step is not None:
+        spec["offsets"], spec["step"] = None, step
+    if axis is not None:
+        spec["axis"] = axis
+    return Camera(**spec).simulator(backend)

@@ -1,0 +1,137 @@
+"""Fit a learned model to a camera in one command (scripts/fit_camera.py): the recipe that made cave_tsa, planned to a
+wall-clock budget and resumable at any moment.
+
+Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
+
+1. ``stage1``: GAP-TV corrected by one residual U-Net (``model=refiner``), trained on windows of a pool of GAP-TV
+   reconstructions of training crops measured through the camera (relit, shaded, spectrally shifted/stretched),
+   each stage projected onto y when the camera is noiseless; the checkpoint is chosen on validation windows.
+2. ``stage2`` (when the budget allows): a second U-Net grown on stage 1 (``init_weights``), both trained together.
+3. ``card``: the best checkpoint scored beside A⁺y and GAP-TV on the validation and test scenes
+   (``scripts/model_card.py``), written as ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
+
+A phase that finished leaves ``D/<phase>/done.json``; run the same command again after a stop and it continues:
+finished phases are kept, an unfinished training resumes from its ``last.ckpt``. Time already spent counts
+against the budget (``D/plan.json``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cassi.io import write_text_atomic
+
+__all__ = ["Phase", "plan", "fit_camera"]
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+CARD_KEYS = ("validation.", "test.", "baselines.", "half=")  # recipe overrides for model_card.py, not train.py
+
+
+@dataclass
+class Phase:
+    name: str
+    minutes: float            # wall-clock share of the budget for its training loop
+    overrides: list[str] = field(default_factory=list)
+
+
+def plan(budget_hours: float, noiseless: bool, pool: int | None = None) -> tuple[int, list[Phase]]:
+    """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (≈ 2.5 s a 256² scene at two
+    threads), the rest for training, split 45/55 between one stage and two stages trained together when there
+    are at least 40 minutes to train, else one stage."""
+    if budget_hours <= 0:
+        raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
+    minutes = budget_hours * 60
+    pool = pool or int(min(768, max(16, 0.2 * minutes * 60 / 2.5)))
+    train = max(1.0, minutes - pool * 2.5 / 60 - 0.1 * minutes)  # the card and validation take the last tenth
+    project = [f"model.project={str(noiseless).lower()}"]
+    if train < 40:
+        return pool, [Phase("stage1", train, project)]
+    return pool, [Phase("stage1", 0.45 * train, project),
+                  Phase("stage2", 0.55 * train, [*project, "model.stages=2", "data.train.stages=1"])]
+
+
+def _best(run: Path) -> Path | None:
+    found = sorted((run / "checkpoints").glob("best-*.ckpt"), key=os.path.getmtime)
+    return found[-1] if found else None
+
+
+def _run(script: str, overrides: list[str], log: Path) -> None:
+    """Run a script in a fresh process, its output appended to ``log`` (and echoed); RuntimeError naming the log
+    when it fails."""
+    cmd = [sys.executable, str(SCRIPTS / script), *overrides]
+    with open(log, "a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        raise RuntimeError(f"{script} failed (exit {proc.returncode}); its log: {log}\n{tail}")
+
+
+def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.0, noiseless: bool = True,
+               recipe: list[str] | None = None, pool: int | None = None, echo=print) -> Path:
+    """Run (or continue) the phases into ``output_dir``; returns ``output_dir/model.ckpt``. ``camera_overrides``:
+    the ``camera=...`` / ``camera.<key>=...`` overrides of the camera (passed to every run); ``recipe``: more
+    overrides for every training run (e.g. smaller data for a test)."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / "plan.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    if state and (state.get("camera") != camera_overrides or state.get("budget_hours") != budget_hours):
+        raise ValueError(f"{out} holds a fit for camera {state.get('camera')} and budget {state.get('budget_hours')} h; "
+                         f"give the same camera and budget to continue it, or another output_dir")
+    size, phases = plan(budget_hours, noiseless, pool)
+    state.setdefault("camera", camera_overrides)
+    state.setdefault("budget_hours", budget_hours)
+    state.setdefault("spent_min", 0.0)
+    write_text_atomic(state_path, json.dumps({**state, "pool": size, "phases": [asdict(p) for p in phases]}, indent=1))
+    echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, budget {budget_hours:g} h "
+         f"({state['spent_min']:.1f} min spent before) -> {out}")
+    base = ["experiment=cave_tsa", *camera_overrides, f"data.train.cubes.samples_per_epoch={size}",
+            "data.train.cubes.spectral_shift=10", "data.train.cubes.spectral_stretch=0.05", "test=false",
+            "callbacks.progress=null"]
+    previous = None
+    for phase in phases:
+        run = out / phase.name
+        done = run / "done.json"
+        if done.is_file():
+            previous = Path(json.loads(done.read_text())["best"])
+            echo(f"  {phase.name}: done ({previous.name})")
+            continue
+        run.mkdir(exist_ok=True)
+        last = run / "checkpoints" / "last.ckpt"
+        left = max(1.0, phase.minutes)
+        hms = f"00:{int(left // 60):02d}:{int(left % 60):02d}:{int(round(left % 1 * 60)) % 60:02d}"
+        overrides = [*base, *phase.overrides, f"hydra.run.dir={run}", f"paths.output_dir={run}",
+                     f"trainer.max_time={hms}", "trainer.max_steps=-1",
+                     *([f"init_weights={previous}"] if previous is not None and not last.is_file() else []),
+                     *([f"ckpt_path={last}"] if last.is_file() else []),
+                     *[o for o in recipe or [] if not o.startswith(CARD_KEYS)]]
+        echo(f"  {phase.name}: training for up to {left:.1f} min{' (resumed)' if last.is_file() else ''}; "
+             f"log {run / 'train.log'}")
+        t0 = time.monotonic()
+        _run("train.py", overrides, run / "train.log")
+        state["spent_min"] += (time.monotonic() - t0) / 60
+        write_text_atomic(state_path, json.dumps({**state, "pool": size, "phases": [asdict(p) for p in phases]},
+                                                 indent=1))
+        previous = _best(run)
+        if previous is None:
+            raise RuntimeError(f"{phase.name} wrote no best checkpoint in {run / 'checkpoints'}")
+        write_text_atomic(done, json.dumps({"best": str(previous)}))
+        echo(f"  {phase.name}: best {previous.name}")
+    model = out / "model.ckpt"
+    if not model.is_file():
+        echo("  card: scoring the model beside A⁺y and GAP-TV")
+        _run("model_card.py", [f"ckpt={previous}", "name=model", "ship=true", f"out_dir={out}", *camera_overrides,
+                               f"hydra.run.dir={out / 'card_run'}", *[o for o in recipe or [] if o.startswith(CARD_KEYS)]],
+             out / "card.log")
+        shutil.move(str(out / "model.md"), out / "card.md")
+    echo(f"fit_camera: {model} and {out / 'card.md'} (load with ckpt={model})")
+    return model
+

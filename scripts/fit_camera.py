@@ -1,0 +1,35 @@
+"""Fit a learned model to a camera in one command (conf/fit_camera.yaml, cassi.lightning.fit).
+
+    python scripts/fit_camera.py camera=tsa_real budget_hours=3 output_dir=runs/fit_tsa_real
+    python scripts/fit_camera.py camera.mask=mask.mat camera.noise.photons=3000 budget_hours=0.5 output_dir=runs/cam
+
+Writes output_dir/model.ckpt (load with ckpt=...) and output_dir/card.md; run it again to continue after a stop.
+"""
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from cassi.data.camera import Camera
+from cassi.lightning.fit import fit_camera
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="fit_camera")
+def main(cfg: DictConfig) -> None:
+    camera = OmegaConf.to_container(cfg.camera, resolve=True)
+    try:  # a bad camera spec fails here, in one line, before any work
+        Camera(**camera).check(frame=(256, 256))
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    task = HydraConfig.get().overrides.task
+    camera_overrides = [o for o in task if o.lstrip("+~").startswith("camera")]
+    noiseless = not any(v is not None for v in camera["noise"].values())
+    try:
+        fit_camera(cfg.output_dir, camera_overrides, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool)
+    except (RuntimeError, ValueError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

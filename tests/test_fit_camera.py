@@ -1,0 +1,71 @@
+"""scripts/fit_camera.py: one command fits a model to a camera; killed, it continues where it stopped."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cassi.lightning.fit import plan
+from cassi.models import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+# a tiny fit: 3 pool scenes, 8 windows of 32² per epoch (2 steps), 6 steps, a width-4 U-Net, 64² validation/test crops
+TINY = ('recipe=["data.train.cubes.samples_per_epoch=3","data.train.cubes.patch_size=64","data.train.patch_size=32",'
+        '"data.train.samples_per_epoch=8","data.batch_size=4","data.val.crop_to=64","model.solver.iters=5",'
+        '"model.width=4","model.depth=2","trainer.max_steps=6","trainer.log_every_n_steps=1",'
+        '"validation.test.crop_to=64","baselines.gap_tv.iters=5","half=false"]')
+
+
+def fit(out, *extra, wait=True):
+    cmd = [sys.executable, str(ROOT / "scripts" / "fit_camera.py"), "camera.noise.photons=3000", "budget_hours=0.1",
+           f"output_dir={out}", TINY, *extra]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_plan_follows_the_budget():
+    pool, phases = plan(0.5, noiseless=True)
+    assert [p.name for p in phases] == ["stage1"] and 16 <= pool <= 768 and phases[0].minutes < 30
+    pool, phases = plan(3, noiseless=False)
+    assert [p.name for p in phases] == ["stage1", "stage2"] and "model.project=false" in phases[1].overrides
+    assert sum(p.minutes for p in phases) + pool * 2.5 / 60 < 180
+    with pytest.raises(ValueError, match="budget_hours must be > 0"):
+        plan(0, True)
+
+
+def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):
+    r = fit(tmp_path / "fit", f"camera.mask={tmp_path / 'nope.mat'}")
+    assert r.returncode != 0 and f"camera.mask {tmp_path / 'nope.mat'} does not exist" in r.stderr
+    assert not (tmp_path / "fit" / "stage1").exists()
+
+
+def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp_path, shared_data):
+    out = tmp_path / "fit"
+    proc = fit(out, wait=False)
+    last = out / "stage1" / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 600
+    while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert last.is_file(), proc.communicate()[0][-3000:] if proc.poll() is not None else "no last.ckpt in time"
+    os.killpg(proc.pid, signal.SIGKILL)  # the fit and its training process, mid-way
+    proc.wait()
+    assert not (out / "model.ckpt").exists()
+    r = fit(out)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "(resumed)" in r.stdout and "ckpt_path=" in (out / "stage1" / "train.log").read_text()
+    model = load_model(out / "model.ckpt")
+    assert type(model).__name__ == "Refiner" and model.camera["noise"].startswith("ShotNoise(photons=3000")
+    assert torch.load(last, weights_only=True)["global_step"] == 6  # the run went on to its end after the kill
+    card = (out / "card.md").read_text()
+    assert "GAP-TV" in card and "model" in card
+    assert json.loads((out / "plan.json").read_text())["camera"] == ["camera.noise.photons=3000"]
+    again = fit(out)  # everything done: nothing is redone
+    assert again.returncode == 0 and "stage1: done" in again.stdout
