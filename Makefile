@@ -33,7 +33,8 @@ demo: venv
 	  $(PY) scripts/reconstruct.py data=real ckpt=pretrained/tsa_real solver=gap_tv_real output_dir=$(DEMO_OUT)/real \
 	    data.predict.entries="$(REAL)/real/tsa_real_scene1.mat" data.predict.mask="$(REAL)/masks/tsa_real_mask_660.mat"; \
 	else echo "real scene skipped: no TSA real data in $(REAL) (real/tsa_real_scene1.mat, masks/tsa_real_mask_660.mat); add them with: make demo REAL=<folder>"; fi
-	@echo "demo report: $(DEMO_OUT)/index.html"
+	@if [ -f "$(DEMO_OUT)/real/index.html" ]; then echo "demo reports: $(DEMO_OUT)/index.html and, the real scene, $(DEMO_OUT)/real/index.html"; \
+	else echo "demo report: $(DEMO_OUT)/index.html"; fi
 
 test: venv
 	$(PY) -m pytest -q -n auto $(ARGS)

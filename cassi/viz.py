@@ -406,8 +406,9 @@ def report_html(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> 
             base = f"<td>{base}</td>"
         body.append(f"<tr><td>{''.join(cell)}</td><td>{preview}</td>{base}<td>{result}</td><td>{spectra}</td></tr>")
         if files.get("patch_spectra"):  # a scene with patches (e.g. a colour chart): their spectra, full width
+            picture = img(files["patch_spectra"], 900, f"{r['name']} patch spectra")
             body.append(f"<tr><td class=small>{name}: the spectrum of each patch against the truth</td>"
-                        f"<td colspan={3 + beside}>{img(files['patch_spectra'], 900, f'{name} patch spectra')}</td></tr>")
+                        f"<td colspan={3 + beside}>{picture}</td></tr>")
     body.append("</table></body></html>")
     return "\n".join(head + body) + "\n"
 

@@ -167,13 +167,14 @@ def test_relative_loss_scales_the_error_but_takes_ssim_as_the_metric_does(kind):
 def test_every_model_config_instantiates_and_runs(model):
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=[f"model={model}", "bands=4"])
-    cfg.model.stages = 2
-    for k, v in {"width": 4, "depth": 2, "dim": 4, "window": 4}.items():
-        if k in cfg.model:
+    small = {"stages": 2, "width": 4, "depth": 2, "dim": 4, "window": 4, "feats": 8, "blocks": [1, 1],
+             "num_blocks": [1, 1, 1]}
+    for k, v in small.items():
+        if k in cfg.model and not (k == "dim" and cfg.model[k] is None):
             cfg.model[k] = v
     net = instantiate(cfg.model)
     assert type(net).__name__ == cfg.model._target_.rsplit(".", 1)[1] and net.config["bands"] == 4
-    op, x = random_op(1, 4, 10, 10)
+    op, x = random_op(1, 4, 16, 16)
     assert net(op, op(x)).shape == x.shape
 
 
@@ -317,9 +318,10 @@ def test_export_weights_is_small_and_loads_like_the_checkpoint(tmp_path):
     from cassi.models.card import card_markdown
     rows = [{"name": "s", "psnr": 20.0, "ssim": 0.5, "sam": 9.0, "time": 0.1}]
     results = {split: {"m": rows} for split in ("validation", "test")}
-    row = "| training | 123 optimizer steps, 1.50 CPU-hours (0.80 h wall) |"
+    piece = "123 optimizer steps, 1.50 CPU-hours (0.80 h wall)"  # a checkpoint without a record of earlier pieces
     for ckpt_of_card in (ckpt, saved):
-        assert row in card_markdown("m", loaded, ckpt_of_card, results).splitlines()
+        rows = [r for r in card_markdown("m", loaded, ckpt_of_card, results).splitlines() if r.startswith("| training |")]
+        assert len(rows) == 1 and piece in rows[0] and "is not recorded" in rows[0]
     del saved["cassi"]["elapsed"]
     assert "123 optimizer steps, CPU time not recorded" in card_markdown("m", loaded, saved, results)
 

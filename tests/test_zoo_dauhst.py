@@ -36,7 +36,8 @@ TABLES = ("attn.bias", "attn.local_bias", "attn.shuffle_bias")
 @pytest.fixture(autouse=True)
 def one_thread():
     """One torch thread per test process: under pytest-xdist every worker would otherwise start one thread per
-    core, and the many small parallel regions of the strips wait on each other (10× slower on 2 busy cores)."""
+    core, and on oversubscribed cores every parallel region waits for its threads to get one (several times
+    slower); at one thread the blocks also run in their cache-sized strips, which the tests cover."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -174,7 +174,8 @@ class _Canvas:
         self.regions = torch.zeros((h, w), dtype=torch.long)
         self.texture = torch.zeros((h, w), dtype=_F64)  # relative intensity texture (added to 1)
 
-    def add(self, spectrum: torch.Tensor, second: torch.Tensor | None = None, weight: torch.Tensor | None = None) -> int:
+    def add(self, spectrum: torch.Tensor, second: torch.Tensor | None = None,
+            weight: torch.Tensor | None = None) -> int:
         """A material: one spectrum, or (with ``second`` and an (H, W) ``weight`` in [0, 1]) a grain of two,
         spectrum · weight + second · (1 − weight) per pixel."""
         self.spectra.append(spectrum)

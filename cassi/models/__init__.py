@@ -1,4 +1,4 @@
-"""Learned reconstruction: unrolled networks (GAP-Net, ADMM-Net, DAUHST-style), their prior blocks,
+"""Learned reconstruction: unrolled networks (GAP-Net, ADMM-Net, DAUHST (cassi.models.zoo)), their prior blocks,
 training losses and checkpoint loading. Imports torch (and torchmetrics) only.
 
     from cassi.models import GAPNet, load_model
@@ -6,13 +6,14 @@ training losses and checkpoint loading. Imports torch (and torchmetrics) only.
     model = Refiner(bands=28)                   # GAP-TV, then a learned correction
     model = load_model("runs/best.ckpt")        # from a training checkpoint, geometry checked
 """
-from cassi.models.blocks import HalfShuffleTransformer, ResStack, StageEstimator, UNet
+from cassi.models.blocks import ResStack, UNet
 from cassi.models.checkpoint import export_weights, load_model, load_prior, resolve_checkpoint
 from cassi.models.losses import ReconstructionLoss
 from cassi.models.refine import FirstIterates, Refiner
-from cassi.models.unrolled import ADMMNet, DAUHST, GAPNet, Reconstructor, Unrolled
+from cassi.models.unrolled import ADMMNet, GAPNet, Reconstructor, Unrolled
 
 __all__ = ["ADMMNet", "DAUHST", "FirstIterates", "GAPNet", "HalfShuffleTransformer", "ReconstructionLoss", "Reconstructor", "Refiner", "ResStack", "StageEstimator",
            "UNet", "Unrolled", "export_weights", "load_model", "load_prior", "resolve_checkpoint"]
 
 from cassi.models import zoo  # noqa: E402  (registers the toolbox's architectures)
+from cassi.models.zoo.dauhst import DAUHST, HalfShuffleTransformer, StageEstimator  # noqa: E402

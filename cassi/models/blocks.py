@@ -89,13 +89,3 @@ class ResStack(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return padded(x, self.multiple, self._forward)
-
-
-def __getattr__(name: str):
-    """Transitional: DAUHST's blocks are in :mod:`cassi.models.zoo.dauhst` (delete this once
-    cassi/models/__init__.py stops importing them from here)."""
-    if name in ("HalfShuffleTransformer", "StageEstimator"):
-        from cassi.models.zoo import dauhst
-
-        return getattr(dauhst, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -220,13 +220,3 @@ class ADMMNet(Unrolled):
         x = op.data_step(z + b, y, F.softplus(self.theta[k]))
         z = self._prior(k, x - b)
         return {"b": b - (x - z), "z": z}
-
-
-def __getattr__(name: str):
-    """Transitional: ``DAUHST`` is the toolbox's model in :mod:`cassi.models.zoo.dauhst` (delete this once
-    cassi/models/__init__.py imports it from there)."""
-    if name == "DAUHST":
-        from cassi.models.zoo.dauhst import DAUHST
-
-        return DAUHST
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

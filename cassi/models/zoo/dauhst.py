@@ -27,7 +27,6 @@ frame); :class:`DAUHSTReal` takes any. (B, 1, H, W+Δ) -> (B, C, H, W).
 """
 from __future__ import annotations
 
-import math
 import re
 from typing import Sequence
 
@@ -84,11 +83,12 @@ def _trunc_normal(t: torch.Tensor, std: float) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- blocks
-#: Bytes of the largest temporary of one strip at one thread (× threads² at more: fewer, larger parallel
-#: regions): without gradients the blocks run in strips of rows so that their temporaries stay in cache and are
-#: reused by the allocator (a fresh tensor above glibc's mmap threshold pays page faults that cost more than the
-#: arithmetic on it). Same values as whole frames. With gradients they run on whole frames (the backward of a
-#: slice would fill a whole frame of zeros per strip).
+#: Bytes of the largest temporary of one strip: without gradients, at one thread, the blocks run in strips of rows
+#: so that their temporaries stay in cache and are reused by the allocator (a fresh tensor above glibc's mmap
+#: threshold pays page faults that cost more than the arithmetic on it); same values as whole frames. At more
+#: threads they run on whole frames (fewer parallel regions: on 2 busy cores, strips of 4·threads² MB took 8.7 s
+#: against 6.8 s for whole frames, medians of 7). With gradients, whole frames too (the backward of a slice would
+#: fill a whole frame of zeros per strip), except the parts recomputed in strips (:class:`_StripsRecomputed`).
 STRIP_BYTES = 4 << 20
 #: glibc's largest mmap threshold: a fresh tensor above it always comes from new pages (with gradients, the FFN's
 #: 4·D-channel temporaries above it are recomputed in strips in backward, :class:`_StripsRecomputed`)
@@ -97,8 +97,8 @@ FRESH_BYTES = 32 << 20
 
 def _strip(rows: int, per_row: int, multiple: int = 1, force: bool = False) -> int:
     """Rows per strip (a multiple of ``multiple``) whose temporaries take about STRIP_BYTES·threads²; all rows
-    when gradients are recorded (unless ``force``)."""
-    if torch.is_grad_enabled() and not force:
+    when gradients are recorded or at more than one thread (unless ``force``)."""
+    if not force and (torch.is_grad_enabled() or torch.get_num_threads() > 1):
         return rows
     k = max(1, STRIP_BYTES * torch.get_num_threads() ** 2 // max(1, per_row * multiple))
     return min(rows, k * multiple)
@@ -221,7 +221,8 @@ class _Attention(nn.Module):
         for r0 in range(0, H, rows):  # within windows: strips of window rows
             out[:, r0:r0 + rows, :, 0] = self._local(loc[:, r0:r0 + rows], self.local_bias[0, 0])
         so = torch.empty_like(sq)
-        step = max(1, STRIP_BYTES * torch.get_num_threads() ** 2 // max(1, h * (nh * nw) ** 2 * sq.element_size()))
+        step = max(1, STRIP_BYTES // max(1, h * (nh * nw) ** 2 * sq.element_size()))
+        step = B * w * w if torch.get_num_threads() > 1 else step
         for i in range(0, B * w * w, step):
             so[i:i + step] = _attend(sq[i:i + step], sk[i:i + step], sv[i:i + step], bias)
         out[:, :, :, 1] = so.view(B, w, w, h, nh, nw, d).permute(0, 4, 1, 5, 2, 3, 6).reshape(B, H, W, h, d)

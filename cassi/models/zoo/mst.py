@@ -144,7 +144,8 @@ class _MaskGuide(nn.Module):
         m = _linear(phi, self.conv1.weight, self.conv1.bias)
         g = _depthwise(_linear(m, self.conv2.weight, self.conv2.bias), self.depth.weight, self.depth.bias)
         g = torch.sigmoid_(g)
-        g = torch.addcmul(m, m, g, out=g) if not torch.is_grad_enabled() else torch.addcmul(m, m, g)
+        g = torch.addcmul(m, m, g, out=g) if not torch.is_grad_enabled() and m.dtype == g.dtype else \
+            torch.addcmul(m, m, g)
         return g.reshape(b * h, -1).index_select(1, index).view(b, h, width, c)  # (2-D: the fast kernel)
 
 
@@ -228,7 +229,8 @@ class _SpectralAttention(nn.Module):
         if gate is not None:
             gate = gate.reshape(gate.shape[0], hh * ww, c)
             v = v.mul_(gate) if not torch.is_grad_enabled() else v * gate
-        return pos.view(b, hh * ww, c).baddbmm_(v, m.transpose(1, 2)).add_(flat).view(b, hh, ww, c)
+        dt = pos.dtype  # (under autocast the operands may differ in dtype; in-place products do not cast)
+        return pos.view(b, hh * ww, c).baddbmm_(v.to(dt), m.transpose(1, 2).to(dt)).add_(flat).view(b, hh, ww, c)
 
 
 class _FeedForward(nn.Module):
@@ -264,8 +266,11 @@ class _FeedForward(nn.Module):
         t = _gelu(_linear(F.layer_norm(z, (c,), self.norm.weight, self.norm.bias), self.expand.weight))
         t = F.conv2d(_nchw(t[None]), self.depth.weight, None, 1, 1, 1, t.shape[-1])
         t = _gelu(_nhwc(t)[0, lo:hi])
-        torch.addmm(z[lo:hi].reshape(-1, c), t.reshape(-1, t.shape[-1]), self.reduce.weight.reshape(c, -1).t(),
-                    out=out)
+        args = (z[lo:hi].reshape(-1, c), t.reshape(-1, t.shape[-1]), self.reduce.weight.reshape(c, -1).t())
+        if all(a.dtype == out.dtype for a in args):
+            torch.addmm(*args, out=out)
+        else:  # mixed dtypes under autocast: the out= form does not cast
+            out.copy_(torch.addmm(*args))
 
 
 class _Block(nn.Module):
