@@ -210,6 +210,8 @@ def test_fast_dev_run_of_every_experiment(experiment, tmp_path, shared_data):
              "gap_net": ["model.stages=2", "model.width=4", *crops],   # the toolbox's (cassi.models.zoo.gapnet)
              "admm_net": ["model.stages=2", "model.width=4", *crops],
              "hdnet": ["model.feats=8", "model.blocks=[1,1]", *crops],
+             "mst_plus_plus": ["model.stages=1", *crops],
+             "mst": ["model.num_blocks=[1,1,1]", *crops],
              "dauhst": ["model.stages=2", "model.dim=4", "model.window=4", *crops],
              # GAP-TV on two 32² training scenes, windows of 16²
              "synthetic": ["model.width=4", "model.depth=2", "data.train.cubes.n=2", "data.train.patch_size=16",
