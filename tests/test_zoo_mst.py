@@ -39,7 +39,7 @@ def seeded(method: str, seed: int = 0):
     return model.eval()
 
 
-def small(cls, bands: int = 8, **kw):
+def small(cls, bands: int = 8):
     """A small seeded model of ``cls`` (one block per level, one MST in MST++)."""
     kw = {"num_blocks": [1, 1, 1]} if cls in (MST, MSTReal) else {"stages": 1}
     model = cls(bands=bands, **kw)
@@ -300,8 +300,9 @@ def _make(code: str) -> None:
         net.load_state_dict({k: state[rename(k)] for k in keys}, strict=True)
         with torch.no_grad():
             out = net.eval()(CASSI(m, bands=28, step=2)(x)[:, 0])
-        ref = {"method": method, "shape": [28, REAL_SIZE, REAL_SIZE], **seeds, **zc.summary(out, seeds["positions_seed"]),
-               "toolbox_keys": keys, "input_setting": "Y", "input_mask": "None"}
+        ref = {"method": method, "shape": [28, REAL_SIZE, REAL_SIZE], **seeds,
+               **zc.summary(out, seeds["positions_seed"]), "toolbox_keys": keys, "input_setting": "Y",
+               "input_mask": "None"}
         torch.save(ref, zc.REF_DIR / f"{method}.pt")
         print(f"{method}: output {tuple(out.shape)}, peak {ref['peak']:.4g}")
 
