@@ -113,6 +113,10 @@ def test_data_configs_choose_their_camera_and_the_command_line_wins(shared_data)
     ({"masks": "bernoulli", "wavelengths": [500, 600]}, "camera.wavelengths: wavelengths has 2 values"),
     ({"masks": "bernoulli", "noise": {"photon": 3}}, "unknown keys"),
     ({"masks": "bernoulli", "offsets": [0, 1]}, "camera.offsets has 2 values but camera.bands=28"),
+    ({"masks": "mixture"}, "needs camera.mixture"),
+    ({"masks": "mixture", "mixture": [{"masks": "crops"}]}, r"camera.mixture\[0\]: camera.masks=crops needs"),
+    ({"masks": "bernoulli", "mixture": [{"masks": "bernoulli"}]}, "set camera.masks=mixture"),
+    ({"masks": "bernoulli", "fill": [0.6, 0.2]}, r"camera.fill must be in \(0, 1\] or a range"),
 ])
 def test_bad_camera_specs_fail_in_one_line(bad, message):
     from cassi.data.camera import Camera
@@ -136,3 +140,38 @@ def test_camera_checks_the_frame_from_the_mask_header(tmp_path):
     sim = Camera(masks="blocks", fill=0.3, block=4).simulator()
     m = sim({"x": torch.rand(2, 28, 16, 16)})["mask"]
     assert m.shape == (2, 1, 16, 16) and bool((m[..., ::4, ::4].repeat_interleave(4, -2).repeat_interleave(4, -1) == m).all())
+
+
+def test_a_mixture_camera_draws_each_sample_from_its_sources_and_its_record_fits_them(tmp_path, caplog):
+    from cassi.data.camera import Camera
+    from cassi.io import save_mask
+
+    fixed = (torch.rand(32, 32, generator=torch.Generator().manual_seed(1)) > 0.5).float()
+    save_mask(tmp_path / "m.npy", fixed)
+    cam = Camera(masks="mixture", bands=4, wavelengths=None, step=1, noise={"photons": [100, 1000]},
+                 mixture=[{"mask": str(tmp_path / "m.npy"), "masks": "fixed", "weight": 1},
+                          {"masks": "bernoulli", "fill": [0.2, 0.3], "weight": 1}])
+    sim = cam.simulator()
+    out = sim({"x": torch.rand(64, 4, 32, 32)}, generator=torch.Generator().manual_seed(0))
+    is_fixed = (out["mask"] == fixed).flatten(1).all(1)
+    fills = out["mask"][~is_fixed].flatten(1).mean(1)
+    assert 10 < int(is_fixed.sum()) < 54 and bool(((fills > 0.15) & (fills < 0.35)).all())
+    assert fills.std() > 0.01  # the fill factor is drawn per sample, not fixed
+    record = describe_camera(sim)
+    assert record["masks"]["kind"] == "mixture" and "[100, 1000]" in record["noise"]
+    model = torch.nn.Linear(1, 1)
+    model.camera = record
+    with caplog.at_level(logging.WARNING, logger="cassi.models"):
+        assert check_camera(model, CASSI(fixed, bands=4, step=1))
+        assert check_camera(model, CASSI((torch.rand(32, 32) < 0.25).float(), bands=4, step=1))
+        assert not check_camera(model, CASSI((torch.rand(32, 32) < 0.7).float(), bands=4, step=1))
+    assert len(caplog.records) == 1 and "a mixture of the mask" in caplog.records[0].getMessage()
+
+
+def test_shot_noise_over_a_range_of_photon_counts_draws_one_count_per_sample():
+    y = torch.full((256, 1, 8, 8), 0.5)
+    noisy = ShotNoise([10, 10000])(y, generator=torch.Generator().manual_seed(0))
+    var = ((noisy - y) ** 2).flatten(1).mean(1)  # ≈ 0.5 / photons per sample
+    assert var.max() / var.min() > 100 and float(var.max()) < 0.5 / 10 * 2 and float(var.min()) > 0.5 / 10000 / 2
+    with pytest.raises(ValueError, match="lo <= hi"):
+        ShotNoise([100, 10])

@@ -1,5 +1,6 @@
 """Shipped models (cassi/pretrained/<name>.ckpt + <name>.md card + <name>.reference.pt) and the model-card job."""
 import json
+import logging
 import os
 import re
 import subprocess
@@ -42,7 +43,7 @@ def test_shipped_model_refuses_another_geometry(name):
         model(op, op(torch.rand(1, model.bands, 16, 16)))
 
 
-def test_model_card_job_ships_a_model_that_loads_by_name(tmp_path):
+def test_model_card_job_ships_a_model_that_loads_by_name(tmp_path, caplog):
     """model_card.py on a tiny trained checkpoint: card with the three methods on both splits, weights-only file,
     reference output; load_model of the shipped file reproduces the reference; a bad ckpt fails cleanly."""
     run = tmp_path / "train"
@@ -69,6 +70,18 @@ def test_model_card_job_ships_a_model_that_loads_by_name(tmp_path):
     assert card.count("| **mean** |") == 2 and card.count("A⁺y PSNR") == 2 and "tiny PSNR" in card
     assert "| training | 2 optimizer steps, " in card and ": all of it (one piece, from scratch) |" in card
     model = load_model(tmp_path / "shipped" / "tiny.ckpt")
+    # the table across masks, kept in the weights: a mask like one of its rows is named with its measured gain
+    rows = {r["label"]: r for r in model.camera["measured"]}
+    assert {"bernoulli_0.5", "blocks2_0.3"} <= set(rows) and "## Across masks" in card
+    r = rows["blocks2_0.3"]
+    assert f"| blocks2_0.3 | {r['psnr']:.2f} | {r['gap_tv']:.2f} | {r['gain']:+.2f} |" in card
+    blocks = torch.zeros(80)
+    blocks[torch.randperm(80, generator=torch.Generator().manual_seed(3))[:24]] = 1  # fill 0.3 exactly
+    blocks = blocks.view(8, 10)
+    with caplog.at_level(logging.WARNING, logger="cassi.models"):
+        model(op := CASSI(blocks.repeat_interleave(2, 0).repeat_interleave(2, 1), bands=6, step=2),
+              op(torch.rand(1, 6, 16, 20)))
+    assert f"its card measured {r['gain']:+.2f} dB against GAP-TV on blocks2_0.3" in caplog.text
     stored = torch.load(tmp_path / "shipped" / "tiny.reference.pt", weights_only=True)
     assert torch.allclose(reference_output(model), stored["out"], atol=1e-4)
     stated = float(re.search(r"reference \| PSNR ([0-9.]+) dB", card).group(1))

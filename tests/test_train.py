@@ -275,6 +275,40 @@ def test_warmup_cosine_schedule():
     assert lrs[-1] > 0.1 and opt.param_groups[0]["lr"] == pytest.approx(0.1)  # ... to min_lr at total_steps
 
 
+def test_a_run_bounded_by_time_alone_follows_its_time_budget(tmp_path):
+    """fit_camera.py trains with trainer.max_time and no step limit: the cosine follows the time spent (Lightning's
+    Timer, which a resume restores) instead of failing on an infinite step estimate."""
+    import math
+    from functools import partial
+
+    import lightning as L
+    from lightning.pytorch.callbacks import Timer
+
+    from cassi.lightning import TrainingModule, warmup_cosine
+    from cassi.models import GAPNet
+
+    spent = [0.0]
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = warmup_cosine(opt, warmup_steps=0, min_lr=0.0, progress=lambda: spent[0])
+    for t, want in ((0.5, 0.5), (1.0, 0.0), (2.0, 0.0)):
+        spent[0] = t
+        sched.step()
+        assert opt.param_groups[0]["lr"] == pytest.approx(want, abs=1e-9)
+    with pytest.raises(ValueError, match="one of them"):
+        warmup_cosine(opt)
+    module = TrainingModule(GAPNet(bands=4, stages=1, width=4, depth=2), partial(CASSI, bands=4, step=2),
+                            scheduler=partial(warmup_cosine, warmup_steps=0))
+    trainer = L.Trainer(max_time={"seconds": 100}, max_steps=-1, max_epochs=-1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    module.trainer = trainer
+    timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
+    timer._offset = 25.0  # as after a resume from a checkpoint taken at 25 s
+    conf = module.configure_optimizers()
+    lr0 = conf["optimizer"].param_groups[0]["initial_lr"]
+    conf["lr_scheduler"]["scheduler"].step()
+    assert conf["optimizer"].param_groups[0]["lr"] == pytest.approx(lr0 * 0.5 * (1 + math.cos(math.pi * 0.25)), rel=1e-3)
+
+
 def test_benchmark_models_script(tmp_path):
     run("benchmark_models.py", "models=[gapnet,dauhst_2stg]", "bands=4", "flops_size=32", "train_size=16",
         "train_batch=2", "steps=1", "repeats=1", "checkpointing=[false,true]", f"output_dir={tmp_path}", f"hydra.run.dir={tmp_path}")

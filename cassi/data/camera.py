@@ -24,11 +24,11 @@ import torch
 from cassi import io
 from cassi.data.datasets import _wavelengths
 from cassi.data.noise import Compose, GaussianNoise, ShotNoise
-from cassi.data.simulate import BernoulliMasks, BlockMasks, FixedMask, RandomMaskCrops, Simulator
+from cassi.data.simulate import BernoulliMasks, BlockMasks, FixedMask, MixedMasks, RandomMaskCrops, Simulator, _fill
 
 __all__ = ["Camera", "simulator", "KINDS"]
 
-KINDS = ("fixed", "crops", "bernoulli", "blocks")
+KINDS = ("fixed", "crops", "bernoulli", "blocks", "mixture")
 
 
 class Camera:
@@ -36,8 +36,10 @@ class Camera:
 
     Args:
         mask: the coded aperture: a path, an (H, W) / (C, H, W) tensor, or None for generated masks.
-        masks: "fixed", "crops", "bernoulli" or "blocks" (how training draws masks).
-        fill: the fill factor of generated masks, in (0, 1].
+        masks: "fixed", "crops", "bernoulli", "blocks" (how training draws masks), or "mixture": each sample's
+            masks from one of ``mixture``'s entries (dicts of ``mask``, ``masks``, ``fill``, ``block``, ``key`` and
+            ``weight``, the relative frequency), e.g. one model for many cameras.
+        fill: the fill factor of generated masks, in (0, 1], or a range [lo, hi] (drawn per sample).
         block: the block size (px) of "blocks" masks.
         key: the variable holding the mask in its file (None: the only array).
         bands: C. wavelengths: nm per band, "tsa", "cave" or None.
@@ -47,15 +49,17 @@ class Camera:
 
     def __init__(self, mask=None, masks: str = "fixed", fill: float = 0.5, block: int = 1, key: str | None = None,
                  bands: int = 28, wavelengths="tsa", step: float | None = 2, offsets: Sequence[float] | None = None,
-                 axis: str = "w", noise: Mapping | None = None):
+                 axis: str = "w", noise: Mapping | None = None, mixture: Sequence[Mapping] | None = None):
         if masks not in KINDS:
             raise ValueError(f"camera.masks must be one of {', '.join(KINDS)}, got {masks!r}")
         if mask is None and masks in ("fixed", "crops"):
             raise ValueError(f"camera.masks={masks} needs camera.mask (a mask file); or use camera.masks=bernoulli")
         if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
             raise ValueError(f"camera.bands must be a positive integer, got {bands!r}")
-        if not (isinstance(fill, (int, float)) and 0 < fill <= 1):
-            raise ValueError(f"camera.fill must be in (0, 1], got {fill!r}")
+        try:
+            fill = _fill(fill)
+        except (TypeError, ValueError):
+            raise ValueError(f"camera.fill must be in (0, 1] or a range [lo, hi] within it, got {fill!r}") from None
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"camera.block must be a positive integer (px), got {block!r}")
         if axis not in ("w", "h"):
@@ -71,7 +75,24 @@ class Camera:
             step = None
         elif step is None or not isinstance(step, (int, float)) or isinstance(step, bool) or step < 0:
             raise ValueError(f"camera.step must be a number >= 0 (px per band), or give camera.offsets; got {step!r}")
-        self.mask, self.masks, self.fill, self.block, self.key = mask, masks, float(fill), block, key
+        self.mixture, self.weights = [], []
+        if masks == "mixture":
+            if not mixture:
+                raise ValueError("camera.masks=mixture needs camera.mixture: a list of {mask, masks, fill, block, "
+                                 "weight} entries")
+            for i, entry in enumerate(mixture):
+                entry = dict(entry)
+                self.weights.append(float(entry.pop("weight", 1.0)))
+                if entry.get("masks") == "mixture":
+                    raise ValueError(f"camera.mixture[{i}]: a mixture cannot hold another mixture")
+                try:
+                    self.mixture.append(Camera(**entry, bands=bands, wavelengths=wavelengths, step=step,
+                                               offsets=offsets, axis=axis))
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"camera.mixture[{i}]: {e}") from None
+        elif mixture:
+            raise ValueError(f"camera.mixture is given but camera.masks={masks}; set camera.masks=mixture")
+        self.mask, self.masks, self.fill, self.block, self.key = mask, masks, fill, block, key
         self.bands, self.step, self.offsets, self.axis = bands, step, offsets, axis
         self.noise = {k: v for k, v in dict(noise or {}).items() if v is not None}
         unknown = set(self.noise) - {"photons", "bit_depth", "sigma"}
@@ -98,7 +119,7 @@ class Camera:
 
     def mask_shape(self) -> tuple[int, ...] | None:
         """The mask's shape, from the file's header (nothing else read), or None for generated masks."""
-        if self.mask is None:
+        if self.mask is None or self.masks == "mixture":
             return None
         if isinstance(self.mask, torch.Tensor):
             return tuple(self.mask.shape)
@@ -107,6 +128,8 @@ class Camera:
     def check(self, frame: tuple[int, int] | None = None) -> None:
         """ValueError in one line when scenes of ``frame`` (H, W) cannot go through this camera: a mask file that is
         missing or smaller than the frame, a dispersion that spreads the bands beyond the frame's width."""
+        for part in self.mixture:
+            part.check(frame)
         if self.mask is not None and not isinstance(self.mask, torch.Tensor) and not Path(self.mask).is_file():
             raise ValueError(f"camera.mask {self.mask} does not exist")
         shape = self.mask_shape()
@@ -123,6 +146,9 @@ class Camera:
 
     def sources(self):
         """(training mask source, evaluation mask source) for :class:`cassi.data.simulate.Simulator`."""
+        if self.masks == "mixture":
+            parts = [part.sources() for part in self.mixture]
+            return (MixedMasks([t for t, _ in parts], self.weights), MixedMasks([e for _, e in parts], self.weights))
         if self.masks == "bernoulli":
             return BernoulliMasks(self.fill), BernoulliMasks(self.fill)
         if self.masks == "blocks":

@@ -9,6 +9,8 @@ CPU or a GPU y. Without one, the global RNG of y's device is used.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from cassi._checks import check_number
@@ -67,8 +69,18 @@ class ShotNoise:
     (= 2048 / 0.6) has the same mean and variance.
     """
 
-    def __init__(self, photons: float, bit_depth: int | None = None, full_scale: float | None = None):
-        self.photons = check_number("photons", photons, positive=True)
+    def __init__(self, photons: float | tuple[float, float], bit_depth: int | None = None,
+                 full_scale: float | None = None):
+        if not isinstance(photons, (int, float)) and hasattr(photons, "__len__"):  # a range [lo, hi]: drawn per
+            photons = list(photons)                                                   # sample, log-uniformly
+            if len(photons) != 2:
+                raise ValueError(f"photons must be a number or a range [lo, hi], got {photons!r}")
+            lo, hi = (check_number("photons", v, positive=True) for v in photons)
+            if lo > hi:
+                raise ValueError(f"photons range [lo, hi] needs lo <= hi, got {photons!r}")
+            self.photons = (lo, hi)
+        else:
+            self.photons = check_number("photons", photons, positive=True)
         if bit_depth is not None and (isinstance(bit_depth, bool) or not isinstance(bit_depth, int) or bit_depth < 1):
             raise ValueError(f"bit_depth must be None or an int >= 1, got {bit_depth!r}")
         self.bit_depth = bit_depth
@@ -76,8 +88,13 @@ class ShotNoise:
 
     def __call__(self, y: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         _check_y(y)
-        rate = (y.detach().clamp(min=0) * self.photons).to(_device(y, generator))
-        out = (torch.poisson(rate, generator=generator) / self.photons).to(y.device)
+        where = _device(y, generator)
+        photons = self.photons
+        if isinstance(photons, tuple):  # (B, 1, ..., 1): one count per sample, log-uniform in the range
+            u = torch.rand((y.shape[0],) + (1,) * (y.ndim - 1), generator=generator, device=where)
+            photons = torch.exp(math.log(photons[0]) + u * math.log(photons[1] / photons[0]))
+        rate = y.detach().clamp(min=0).to(where) * photons
+        out = (torch.poisson(rate, generator=generator) / photons).to(y.device)
         if self.bit_depth is None:
             return out
         levels = 2**self.bit_depth - 1
@@ -92,7 +109,8 @@ class ShotNoise:
         return torch.round(out / scale * levels) * (scale / levels)
 
     def __repr__(self) -> str:
-        return f"ShotNoise(photons={self.photons:g}, bit_depth={self.bit_depth}, full_scale={self.full_scale})"
+        photons = f"{self.photons:g}" if isinstance(self.photons, float) else f"[{self.photons[0]:g}, {self.photons[1]:g}]"
+        return f"ShotNoise(photons={photons}, bit_depth={self.bit_depth}, full_scale={self.full_scale})"
 
 
 class Compose:

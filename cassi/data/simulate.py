@@ -19,7 +19,22 @@ from cassi.data.masks import center_crop, mask_stats, random_crops, segment_hash
 from cassi.data.noise import Compose
 from cassi.operator import CASSI
 
-__all__ = ["FixedMask", "RandomMaskCrops", "BernoulliMasks", "BlockMasks", "Simulator"]
+__all__ = ["FixedMask", "RandomMaskCrops", "BernoulliMasks", "BlockMasks", "MixedMasks", "Simulator"]
+
+
+def _fill(p) -> float | tuple[float, float]:
+    """A fill factor in (0, 1], or a range [lo, hi] of them (drawn uniformly per sample)."""
+    lo, hi = (p, p) if isinstance(p, (int, float)) and not isinstance(p, bool) else tuple(p)
+    if not 0 < lo <= hi <= 1:
+        raise ValueError(f"p must be in (0, 1], or a range [lo, hi] with 0 < lo <= hi <= 1; got {p!r}")
+    return float(lo) if lo == hi else (float(lo), float(hi))
+
+
+def _draw_fill(p, batch: int, where, generator) -> torch.Tensor:
+    """(B, 1, 1, 1) fill factors: ``p`` itself, or uniform in the range ``p``."""
+    if isinstance(p, float):
+        return torch.full((batch, 1, 1, 1), p, device=where)
+    return p[0] + (p[1] - p[0]) * torch.rand((batch, 1, 1, 1), generator=generator, device=where)
 
 
 class _FromMask:
@@ -39,9 +54,10 @@ class _FromMask:
 
     def describe(self) -> dict:
         """The mask's record in a checkpoint's camera (:mod:`cassi.models.camera`): kind, fingerprint, statistics."""
-        if isinstance(self, RandomMaskCrops):  # windows of it are recognised by the hashes of its row segments
-            return {"kind": "crops", **mask_stats(self.mask), "segments": segment_hashes(self.mask)}
-        return {"kind": "fixed", **mask_stats(self.mask)}
+        # windows of it (random crops, or the centre crop of a mask larger than the scenes) are recognised by the
+        # hashes of its row segments
+        kind = "crops" if isinstance(self, RandomMaskCrops) else "fixed"
+        return {"kind": kind, **mask_stats(self.mask), "segments": segment_hashes(self.mask)}
 
     def _fits(self, height: int, width: int) -> None:
         H, W = self.mask.shape[-2:]
@@ -84,42 +100,65 @@ class RandomMaskCrops(_FromMask):
 
 
 class BernoulliMasks:
-    """A fresh binary mask per sample, each pixel 1 with probability ``p``: (B, 1, H, W)."""
+    """A fresh binary mask per sample, each pixel 1 with probability ``p`` (or with a probability drawn per sample
+    uniformly in the range ``p = [lo, hi]``): (B, 1, H, W)."""
 
-    def __init__(self, p: float = 0.5):
-        if not 0 < p <= 1:
-            raise ValueError(f"p must be in (0, 1], got {p!r}")
-        self.p = float(p)
+    def __init__(self, p: float | Sequence[float] = 0.5):
+        self.p = _fill(p)
 
     def describe(self) -> dict:
-        return {"kind": "bernoulli", "p": self.p}
+        return {"kind": "bernoulli", "p": self.p if isinstance(self.p, float) else list(self.p)}
 
     def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
         where = generator.device if generator is not None else device
         u = torch.rand((batch, 1, height, width), generator=generator, device=where)
-        return (u < self.p).float().to(device)
+        return (u < _draw_fill(self.p, batch, where, generator)).float().to(device)
 
 
 class BlockMasks:
     """A fresh binary mask per sample of square blocks of ``block`` px, each block 1 with probability ``p``
     (a coarser aperture than :class:`BernoulliMasks`, which is ``block=1``): (B, 1, H, W)."""
 
-    def __init__(self, p: float = 0.5, block: int = 2):
-        if not 0 < p <= 1:
-            raise ValueError(f"p must be in (0, 1], got {p!r}")
+    def __init__(self, p: float | Sequence[float] = 0.5, block: int = 2):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"block must be a positive integer (px), got {block!r}")
-        self.p, self.block = float(p), block
+        self.p, self.block = _fill(p), block
 
     def describe(self) -> dict:
-        return {"kind": "blocks", "p": self.p, "block": self.block}
+        return {"kind": "blocks", "p": self.p if isinstance(self.p, float) else list(self.p), "block": self.block}
 
     def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
         where = generator.device if generator is not None else device
         b = self.block
         u = torch.rand((batch, 1, -(-height // b), -(-width // b)), generator=generator, device=where)
-        m = (u < self.p).float().repeat_interleave(b, -2).repeat_interleave(b, -1)
+        m = (u < _draw_fill(self.p, batch, where, generator)).float().repeat_interleave(b, -2).repeat_interleave(b, -1)
         return m[..., :height, :width].contiguous().to(device)
+
+
+class MixedMasks:
+    """Masks from several sources: each sample's source drawn with probabilities ``weights`` (default: equal),
+    e.g. a camera's mask, random crops of a larger one and Bernoulli masks in one training set: (B, 1, H, W)."""
+
+    def __init__(self, sources: Sequence[Callable], weights: Sequence[float] | None = None):
+        self.sources = list(sources)
+        if not self.sources or not all(callable(s) for s in self.sources):
+            raise ValueError(f"MixedMasks needs one or more mask sources, got {sources!r}")
+        w = [1.0] * len(self.sources) if weights is None else [float(v) for v in weights]
+        if len(w) != len(self.sources) or min(w) < 0 or sum(w) <= 0:
+            raise ValueError(f"MixedMasks: {len(w)} weights (>= 0, not all 0) for {len(self.sources)} sources")
+        self.weights = [v / sum(w) for v in w]
+
+    def describe(self) -> dict:
+        return {"kind": "mixture", "weights": self.weights,
+                "sources": [s.describe() if hasattr(s, "describe") else {"kind": type(s).__name__}
+                            for s in self.sources]}
+
+    def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
+        where = generator.device if generator is not None else device
+        pick = torch.multinomial(torch.tensor(self.weights, device=where), batch, replacement=True,
+                                 generator=generator)
+        masks = [self.sources[int(k)](1, height, width, device, generator) for k in pick.tolist()]
+        return torch.cat(masks)  # (B, 1, H, W): every source gives 2-D masks (per-band ones are not mixed)
 
 
 class Simulator:

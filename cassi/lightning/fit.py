@@ -30,7 +30,7 @@ from cassi.io import write_text_atomic
 __all__ = ["Phase", "plan", "fit_camera"]
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-CARD_KEYS = ("validation.", "test.", "baselines.", "half=")  # recipe overrides for model_card.py, not train.py
+CARD_KEYS = ("validation.", "test.", "baselines.", "half=", "across_masks")  # recipe overrides for model_card.py, not train.py
 
 
 @dataclass

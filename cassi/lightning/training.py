@@ -15,6 +15,7 @@ import math
 from typing import Callable, Sequence
 
 import torch
+from lightning.pytorch.callbacks import Timer
 from torch import nn
 
 import cassi
@@ -30,18 +31,25 @@ from cassi.models.refine import stage_shapes
 __all__ = ["TrainingModule", "warmup_cosine"]
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
-                  min_lr: float = 1e-6) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int | None = None, warmup_steps: int = 0,
+                  min_lr: float = 1e-6, progress: Callable[[], float] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
     """lr_t = lr·t/warmup for t < warmup, then cosine from lr to ``min_lr`` at ``total_steps``
-    (per optimizer step). ``total_steps`` is filled in by :class:`TrainingModule` from the Trainer."""
-    if total_steps < 1 or warmup_steps < 0:
-        raise ValueError(f"need total_steps >= 1 and warmup_steps >= 0, got {total_steps}, {warmup_steps}")
+    (per optimizer step). ``total_steps`` is filled in by :class:`TrainingModule` from the Trainer; a run bounded by
+    time alone (``trainer.max_time``, no step or epoch limit) gets ``progress`` instead: the fraction of its time
+    budget spent (resumes included), which the cosine then follows."""
+    if (total_steps is None) == (progress is None) or (total_steps is not None and total_steps < 1) \
+            or warmup_steps < 0:
+        raise ValueError(f"need total_steps >= 1 or progress (one of them), and warmup_steps >= 0; got "
+                         f"{total_steps}, {progress}, {warmup_steps}")
     base = [g["lr"] for g in optimizer.param_groups]
 
     def factor(step: int, lr: float) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        t = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if progress is not None:
+            t = min(1.0, max(0.0, float(progress())))
+        else:
+            t = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         floor = min(min_lr / lr, 1.0) if lr > 0 else 0.0
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
 
@@ -211,9 +219,18 @@ class TrainingModule(ReconstructionModule):
         opt = self.optimizer_factory(params) if self.optimizer_factory else torch.optim.Adam(params, lr=4e-4)
         if self.scheduler_factory is None:
             return opt
-        kwargs = {}
-        if "total_steps" in inspect.signature(self.scheduler_factory).parameters:
-            kwargs["total_steps"] = max(1, int(self.trainer.estimated_stepping_batches))
+        kwargs, wants = {}, inspect.signature(self.scheduler_factory).parameters
+        if "total_steps" in wants:
+            total = self.trainer.estimated_stepping_batches
+            if math.isfinite(total):
+                kwargs["total_steps"] = max(1, int(total))
+            else:  # bounded by time alone: the schedule follows the time budget (Lightning's Timer, resumable)
+                timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)
+                              and getattr(c, "_duration", None)), None)
+                if timer is None or "progress" not in wants:
+                    raise ValueError("the learning-rate schedule needs an end: set trainer.max_steps, "
+                                     "trainer.max_epochs or trainer.max_time")
+                kwargs["progress"] = lambda: timer.time_elapsed("train") / timer._duration
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt, **kwargs),
                                                    "interval": "step"}}
 

@@ -3,11 +3,14 @@
 A training checkpoint records ``"camera"``: {"masks": the training masks' description, "noise": the noise model
 or None} (from the data's :class:`cassi.data.simulate.Simulator`). Mask descriptions:
 
-- {"kind": "fixed", "sha256", "shape", "fill", "binary"}: one mask (its fingerprint and statistics)
+- {"kind": "fixed", "sha256", "shape", "fill", "binary", "segments"}: one mask (its fingerprint and statistics;
+  the segments recognise the centre crop that scenes smaller than it meet)
 - {"kind": "crops", "sha256", "shape", "fill", "binary", "segments"}: random windows of one larger mask (the
   hashes of its row segments recognise a window: :func:`cassi.data.masks.segment_hashes`)
 - {"kind": "bernoulli", "p"}: a fresh Bernoulli(p) mask per sample
 - {"kind": "blocks", "p", "block"}: a fresh mask of binary blocks of ``block`` px per sample
+  (``p`` a fill factor or a range [lo, hi] of them)
+- {"kind": "mixture", "sources": [...], "weights": [...]}: each sample's mask from one of those sources
 
 :func:`check_camera` compares an operator's mask with that record and logs one warning line (once per model and
 mask) when the model reconstructs through a mask it was not trained for. Imports torch only.
@@ -38,6 +41,8 @@ def describe_camera(simulator) -> dict | None:
 
 def _text(info: dict) -> str:
     kind = info.get("kind")
+    if kind == "mixture":
+        return "a mixture of " + ", ".join(_text(s) for s in info.get("sources", []))
     if kind == "bernoulli":
         return f"Bernoulli({info.get('p')}) masks"
     if kind == "blocks":
@@ -51,9 +56,9 @@ def _text(info: dict) -> str:
 
 def _fits(info: dict, mask: torch.Tensor, stats: dict) -> bool:
     kind = info.get("kind")
-    if kind == "fixed":
-        return stats["sha256"] == info.get("sha256")
-    if kind == "crops":  # the whole mask, or a window of it (one of its first row's segments is the mask's)
+    if kind == "mixture":
+        return any(_fits(s, mask, stats) for s in info.get("sources", []))
+    if kind in ("fixed", "crops"):  # the whole mask, or a window of it (one of its first row's segments is the mask's)
         if stats["sha256"] == info.get("sha256"):
             return True
         known = set(info.get("segments") or ())
@@ -64,7 +69,9 @@ def _fits(info: dict, mask: torch.Tensor, stats: dict) -> bool:
         m = mask.reshape(-1, *mask.shape[-2:])[0]
         h, w = (m.shape[0] // b) * b, (m.shape[1] // b) * b  # blocks: constant on the b×b grid
         blocky = b == 1 or bool((m[:h, :w] == m[:h:b, :w:b].repeat_interleave(b, 0).repeat_interleave(b, 1)).all())
-        return stats["binary"] and blocky and abs(stats["fill"] - float(info.get("p", -1))) < 0.05
+        p = info.get("p", -1)
+        lo, hi = (p, p) if isinstance(p, (int, float)) else p
+        return stats["binary"] and blocky and lo - 0.05 < stats["fill"] < hi + 0.05
     return True  # an unknown source: nothing to compare
 
 
@@ -84,7 +91,21 @@ def check_camera(model, op) -> bool:
     if not ok:
         where = getattr(model, "source", None) or type(model).__name__
         shape = "×".join(str(s) for s in stats["shape"])
-        log.warning("%s was trained for %s; this mask %s (%s, fill %s) is another camera's: its quality there is "
-                    "not measured and may fall below GAP-TV's (fit a model for it)",
-                    where, _text(camera["masks"]), stats["sha256"][:12], shape, stats["fill"])
+        log.warning("%s was trained for %s; this mask %s (%s, fill %s) is another camera's: %s (fit a model for it: "
+                    "scripts/fit_camera.py)", where, _text(camera["masks"]), stats["sha256"][:12], shape,
+                    stats["fill"], _effect(camera.get("measured") or [], mask, stats))
     return ok
+
+
+def _effect(measured: list[dict], mask: torch.Tensor, stats: dict) -> str:
+    """What the model card measured on such a mask (its rows across masks), in words."""
+    like = [r for r in measured if isinstance(r.get("masks"), dict) and _fits(r["masks"], mask, stats)]
+    if like:
+        r = like[0]
+        return (f"its card measured {r['gain']:+.2f} dB against GAP-TV on {r['label']} "
+                f"({r['psnr']:.2f} against {r['gap_tv']:.2f} dB)")
+    if measured:
+        gains = [r["gain"] for r in measured]
+        return (f"its quality there is not measured; on the masks of its card it gains {min(gains):+.2f} to "
+                f"{max(gains):+.2f} dB over GAP-TV")
+    return "its quality there is not measured and may fall below GAP-TV's"

@@ -120,6 +120,14 @@ def _table(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def masks_table(measured: list[dict]) -> list[str]:
+    """The card's table across masks: per mask (``measured`` rows: label, psnr, gap_tv, gain), the model's and
+    GAP-TV's mean PSNR on the test scenes and the gain."""
+    lines = ["| mask | model PSNR | GAP-TV PSNR | gain (dB) |", "|---|---|---|---|"]
+    lines += [f"| {r['label']} | {r['psnr']:.2f} | {r['gap_tv']:.2f} | {r['gain']:+.2f} |" for r in measured]
+    return lines
+
+
 def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, notes: str = "",
                   half: bool = False) -> str:
     """The model card: ``results`` {"validation"|"test": {method: per-scene rows (name, psnr, ssim, sam,
@@ -159,6 +167,10 @@ def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, 
         *_table(results["test"]),
         "",
     ]
+    measured = (getattr(model, "camera", None) or {}).get("measured")
+    if measured:
+        lines += ["## Across masks (test scenes, the camera's noise; a model warns on a mask it was not trained for, "
+                  "naming the gain measured here)", "", *masks_table(measured), ""]
     if notes:
         lines += [notes.strip(), ""]
     return "\n".join(lines)
