@@ -171,14 +171,6 @@ def test_the_toolbox_protocol_composes():
 
 
 def test_a_training_step_with_the_frequency_loss_through_train_py(tmp_path):
-    tiny = ["model=hdnet", "model.feats=8", "model.blocks=[1,1]", "bands=6", "wavelengths=null", "data.train.n=4",
-            "data.val.n=1", "data.test.n=1", "data.batch_size=2", "trainer.accelerator=cpu", "trainer.fast_dev_run=1",
-            "callbacks.progress=null", "callbacks.summary=null",
-            "module.loss._target_=cassi.models.zoo.hdnet.HDNetLoss",
-            "module.loss.kind=rmse", "+module.loss.fdl=0.7",
-            *(f"data.{s}.{k}=16" for s in ("train", "val", "test") for k in ("height", "width")),
-            f"paths.output_dir={tmp_path}", f"hydra.run.dir={tmp_path}"]
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *tiny], cwd=ROOT, capture_output=True,
-                       text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "Running in `fast_dev_run` mode" in r.stdout + r.stderr
+    zc.train_one_step(tmp_path, "model=hdnet", "model.feats=8", "model.blocks=[1,1]",
+                      "module.loss._target_=cassi.models.zoo.hdnet.HDNetLoss", "module.loss.kind=rmse",
+                      "+module.loss.fdl=0.7")

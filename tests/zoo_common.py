@@ -83,3 +83,23 @@ def toolbox_checkpoint(method: str, ref: dict, path: Path, prefix: str = "module
     rename = toolbox.METHODS[method].rename or (lambda k: k)
     torch.save({prefix + k: seeded[rename(k)] for k in ref["toolbox_keys"]}, path)
     return path
+
+
+def train_one_step(tmp_path: Path, *model: str, threads: str | None = None) -> None:
+    """``scripts/train.py`` with ``model`` overrides (e.g. "model=mst_s", "model.num_blocks=[1,1,1]") on tiny
+    synthetic data (6 bands, 16² scenes), one ``fast_dev_run`` step; asserts it ran."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    tiny = [*model, "bands=6", "wavelengths=null", "data.train.n=4", "data.val.n=1", "data.test.n=1",
+            "data.batch_size=2", "trainer.accelerator=cpu", "trainer.fast_dev_run=1", "callbacks.progress=null",
+            "callbacks.summary=null",
+            *(f"data.{s}.{k}=16" for s in ("train", "val", "test") for k in ("height", "width")),
+            f"paths.output_dir={tmp_path}", f"hydra.run.dir={tmp_path}"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **({"OMP_NUM_THREADS": threads} if threads else {}))
+    r = subprocess.run([sys.executable, str(root / "scripts" / "train.py"), *tiny], cwd=root, capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Running in `fast_dev_run` mode" in r.stdout + r.stderr
