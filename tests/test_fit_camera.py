@@ -22,7 +22,7 @@ TINY = ('recipe=["data.train.cubes.samples_per_epoch=3","data.train.cubes.patch_
 
 
 def fit(out, *extra, wait=True):
-    cmd = [sys.executable, str(ROOT / "scripts" / "fit_camera.py"), "camera.noise.photons=3000", "budget_hours=0.1",
+    cmd = [sys.executable, str(ROOT / "scripts" / "fit_camera.py"), "camera.noise.photons=3000", "budget_hours=1",
            f"output_dir={out}", TINY, *extra]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     if not wait:
@@ -34,6 +34,9 @@ def fit(out, *extra, wait=True):
 def test_plan_follows_the_budget():
     pool, phases = plan(0.5, noiseless=True)
     assert [p.name for p in phases] == ["stage1"] and 16 <= pool <= 768 and phases[0].minutes < 30
+    assert "model.project=true" in phases[0].overrides
+    pool, phases = plan(1, noiseless=True)  # the tiny fit below: two stages, the second on the first's pool
+    assert [p.name for p in phases] == ["stage1", "stage2"] and sum(p.minutes for p in phases) < 60
     pool, phases = plan(3, noiseless=False)
     assert [p.name for p in phases] == ["stage1", "stage2"] and "model.project=false" in phases[1].overrides
     assert sum(p.minutes for p in phases) + pool * 2.5 / 60 < 180
@@ -60,9 +63,14 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     assert not (out / "model.ckpt").exists()
     r = fit(out)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "(resumed)" in r.stdout and "ckpt_path=" in (out / "stage1" / "train.log").read_text()
+    assert "(resumed)" in r.stdout and "ckpt_path=" in (out / "stage1" / "console.log").read_text()
+    # stage 2 grew on stage 1's best and trained both on stage 1's pool (GAP-TV is not run again)
+    second = (out / "stage2" / "console.log").read_text()
+    assert f"data.train.cache={out / 'stage1' / 'first_iterates.pt'}" in second and "init_weights=" in second
+    assert not (out / "stage2" / "first_iterates.pt").exists()
     model = load_model(out / "model.ckpt")
-    assert type(model).__name__ == "Refiner" and model.camera["noise"].startswith("ShotNoise(photons=3000")
+    assert type(model).__name__ == "Refiner" and model.stages == 2
+    assert model.camera["noise"].startswith("ShotNoise(photons=3000")
     assert torch.load(last, weights_only=True)["global_step"] == 6  # the run went on to its end after the kill
     card = (out / "card.md").read_text()
     assert "GAP-TV" in card and "model" in card

@@ -86,6 +86,23 @@ def test_model_card_job_ships_a_model_that_loads_by_name(tmp_path, caplog):
     assert torch.allclose(reference_output(model), stored["out"], atol=1e-4)
     stated = float(re.search(r"reference \| PSNR ([0-9.]+) dB", card).group(1))
     assert abs(reference_psnr(model) - stated) < 0.01
+    # measure=across_masks: the shipped model's table redone in place (here one other mask); nothing else changes
+    shipped = tmp_path / "shipped" / "tiny.ckpt"
+    one = ["~across_masks", "+across_masks={blocks4: {mask: null, masks: blocks, fill: 0.5, block: 4, mixture: null}}"]
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "model_card.py"), f"ckpt={ckpt}", "measure=across_masks",
+                        *one, *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and f"ckpt must be {shipped}" in r.stderr  # not the shipped weights: refused
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "model_card.py"), f"ckpt={shipped}",
+                        "measure=across_masks", *one, *common], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    redone = (tmp_path / "shipped" / "tiny.md").read_text()
+    (row,) = load_model(shipped).camera["measured"]
+    assert row["label"] == "blocks4" and f"| blocks4 | {row['psnr']:.2f} | {row['gap_tv']:.2f} |" in redone
+    kept = [line for line in card.splitlines() if not line.startswith(("| bernoulli", "| blocks", "| tsa_"))]
+    assert [line for line in redone.splitlines() if not line.startswith("| blocks4 |")] == kept
+    after = load_model(shipped).state_dict()
+    assert all(torch.equal(v, after[k]) and v.dtype == after[k].dtype for k, v in model.state_dict().items())
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "model_card.py"), f"ckpt={tmp_path / 'none.ckpt'}",
                         *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "none.ckpt does not exist" in r.stderr
@@ -142,3 +159,23 @@ def test_cards_state_the_training_of_every_init_weights_piece(tmp_path):
     assert (told["pieces"], told["steps"], told["cpu_min"], told["complete"]) == (3, 90, 19.0, True)
     with pytest.raises(ValueError, match="init_training describes the training of init_weights"):
         TrainingModule(GAPNet(bands=4, stages=1, width=4, depth=2), op, init_training={"pieces": 2})
+
+
+def test_the_table_across_masks_is_set_in_a_card_and_nothing_else_changes():
+    """model_card.py measure=across_masks on a shipped model: its card gains (or has replaced) the table across
+    masks after the test table; the notes and every other line stay as they were."""
+    from cassi.models.card import MASKS_HEADING, masks_section
+
+    card = "# `m` — Refiner\n\n## Validation (the scenes its ...)\n\n| v |\n\n## Test (scenes never seen in ...)\n\n" \
+           "| scene | x |\n|---|---|\n| a | 1 |\n\n## Notes\n\n| a table of the notes |\n\nThe end.\n"
+    rows = [{"label": "bernoulli_0.5", "psnr": 30.0, "gap_tv": 29.0, "gain": 1.0}]
+    once = masks_section(card, rows)
+    assert once.replace("\n".join([MASKS_HEADING, "",
+                                   "| mask | model PSNR | GAP-TV PSNR | gain (dB) |", "|---|---|---|---|",
+                                   "| bernoulli_0.5 | 30.00 | 29.00 | +1.00 |", "", ""]), "") == card
+    assert once.index("| a | 1 |") < once.index("## Across masks") < once.index("## Notes")
+    twice = masks_section(once, [{**rows[0], "label": "blocks2_0.3", "gain": 2.0}])
+    assert twice.count("## Across masks") == 1 and "bernoulli_0.5" not in twice and "| blocks2_0.3 |" in twice
+    assert twice.replace("blocks2_0.3", "bernoulli_0.5").replace("+2.00", "+1.00") == once
+    with pytest.raises(ValueError, match="no test table"):
+        masks_section("# Some markdown\n\n## Validation\n", rows)

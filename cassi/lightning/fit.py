@@ -30,6 +30,7 @@ from cassi.io import write_text_atomic
 __all__ = ["Phase", "plan", "fit_camera"]
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCENE_S = 1.5  # s for GAP-TV (120 iterations) on one 256² pool scene at two threads: 1.3–1.5 measured (31 bands)
 CARD_KEYS = ("validation.", "test.", "baselines.", "half=", "across_masks")  # recipe overrides for model_card.py, not train.py
 
 
@@ -41,19 +42,20 @@ class Phase:
 
 
 def plan(budget_hours: float, noiseless: bool, pool: int | None = None) -> tuple[int, list[Phase]]:
-    """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (≈ 2.5 s a 256² scene at two
-    threads), the rest for training, split 45/55 between one stage and two stages trained together when there
-    are at least 40 minutes to train, else one stage."""
+    """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``SCENE_S`` a 256² scene at two
+    threads), the rest for training, split 45/55 between one stage and two stages trained together (on the same
+    pool) when there are at least 40 minutes to train, else one stage (at 0.5 h two stages did not pay: the pair
+    trained together costs 3.3× a step)."""
     if budget_hours <= 0:
         raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
     minutes = budget_hours * 60
-    pool = pool or int(min(768, max(16, 0.2 * minutes * 60 / 2.5)))
-    train = max(1.0, minutes - pool * 2.5 / 60 - 0.1 * minutes)  # the card and validation take the last tenth
+    pool = pool or int(min(768, max(16, 0.2 * minutes * 60 / SCENE_S)))
+    train = max(1.0, minutes - pool * SCENE_S / 60 - 0.1 * minutes)  # the card and validation take the last tenth
     project = [f"model.project={str(noiseless).lower()}"]
     if train < 40:
         return pool, [Phase("stage1", train, project)]
     return pool, [Phase("stage1", 0.45 * train, project),
-                  Phase("stage2", 0.55 * train, [*project, "model.stages=2", "data.train.stages=1"])]
+                  Phase("stage2", 0.55 * train, [*project, "model.stages=2", "data.train.stages=1"])]  # cache: below
 
 
 def _best(run: Path) -> Path | None:
@@ -112,11 +114,12 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
                      f"trainer.max_time={hms}", "trainer.max_steps=-1",
                      *([f"init_weights={previous}"] if previous is not None and not last.is_file() else []),
                      *([f"ckpt_path={last}"] if last.is_file() else []),
+                     *([f"data.train.cache={out / phases[0].name / 'first_iterates.pt'}"] if phase is not phases[0] else []),
                      *[o for o in recipe or [] if not o.startswith(CARD_KEYS)]]
         echo(f"  {phase.name}: training for up to {left:.1f} min{' (resumed)' if last.is_file() else ''}; "
-             f"log {run / 'train.log'}")
+             f"log {run / 'console.log'}")
         t0 = time.monotonic()
-        _run("train.py", overrides, run / "train.log")
+        _run("train.py", overrides, run / "console.log")  # train.log: Hydra's own
         state["spent_min"] += (time.monotonic() - t0) / 60
         write_text_atomic(state_path, json.dumps({**state, "pool": size, "phases": [asdict(p) for p in phases]},
                                                  indent=1))

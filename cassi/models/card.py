@@ -11,8 +11,8 @@ from cassi.metrics import all_metrics
 from cassi.models.checkpoint import training_time
 from cassi.operator import CASSI
 
-__all__ = ["reference_input", "reference_output", "reference_psnr", "card_markdown", "training_record",
-           "training_text"]
+__all__ = ["reference_input", "reference_output", "reference_psnr", "card_markdown", "masks_section",
+           "training_record", "training_text"]
 
 _TOTALS = ("steps", "cpu_min", "wall_min")
 
@@ -120,12 +120,39 @@ def _table(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+MASKS_HEADING = ("## Across masks (test scenes, the camera's noise, GAP-TV as `solver=gap_tv`; a model warns on a mask "
+                 "it was not trained for, naming the gain measured here)")
+
+
 def masks_table(measured: list[dict]) -> list[str]:
     """The card's table across masks: per mask (``measured`` rows: label, psnr, gap_tv, gain), the model's and
     GAP-TV's mean PSNR on the test scenes and the gain."""
     lines = ["| mask | model PSNR | GAP-TV PSNR | gain (dB) |", "|---|---|---|---|"]
     lines += [f"| {r['label']} | {r['psnr']:.2f} | {r['gap_tv']:.2f} | {r['gain']:+.2f} |" for r in measured]
     return lines
+
+
+def masks_section(card: str, measured: list[dict]) -> str:
+    """``card`` (a card of :func:`card_markdown`) with its table across masks set to ``measured``: the section
+    replaced where it has one, else put after the test table; the rest of the card unchanged. ValueError when
+    ``card`` has no test table."""
+    lines = card.splitlines()
+
+    def end_of_table(i: int) -> int:  # the line after the section starting at heading i (its table, blank lines)
+        i += 1
+        while i < len(lines) and (not lines[i].strip() or lines[i].startswith("|")):
+            i += 1
+        return i
+
+    old = next((i for i, line in enumerate(lines) if line.startswith("## Across masks (")), None)
+    if old is not None:
+        del lines[old:end_of_table(old)]
+    test = next((i for i, line in enumerate(lines) if line.startswith("## Test (scenes never seen")), None)
+    if test is None:
+        raise ValueError("not a model card of cassi.models.card.card_markdown: no test table")
+    at = end_of_table(test)
+    lines[at:at] = [MASKS_HEADING, "", *masks_table(measured), ""]
+    return "\n".join(lines) + ("\n" if card.endswith("\n") else "")
 
 
 def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, notes: str = "",
@@ -169,8 +196,7 @@ def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, 
     ]
     measured = (getattr(model, "camera", None) or {}).get("measured")
     if measured:
-        lines += ["## Across masks (test scenes, the camera's noise; a model warns on a mask it was not trained for, "
-                  "naming the gain measured here)", "", *masks_table(measured), ""]
+        lines += [MASKS_HEADING, "", *masks_table(measured), ""]
     if notes:
         lines += [notes.strip(), ""]
     return "\n".join(lines)
