@@ -128,6 +128,12 @@ def test_the_demo_configs_compose_and_keep_the_test_chart_out_of_training(tmp_pa
     dm = instantiate(train.data)  # the splits are checked to be disjoint here
     assert isinstance(dm.datasets["test"], ColorChart)
     assert set(dm.datasets["train"].seeds).isdisjoint(dm.datasets["val"].seeds)
+    # the chart is measured through the camera: Bernoulli(0.5) by default, or what camera.* says
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        blocks = compose("reconstruct", overrides=["data=chart", "camera.masks=blocks", "camera.fill=0.3"])
+    assert type(instantiate(demo.data).simulator.masks).__name__ == "BernoulliMasks"
+    masks = instantiate(blocks.data).simulator.masks
+    assert type(masks).__name__ == "BlockMasks" and masks.p == 0.3
 
 
 def test_a_tiny_chart_reconstruct_writes_the_patch_spectra(tmp_path):
