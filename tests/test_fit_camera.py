@@ -69,7 +69,7 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     assert f"data.train.cache={out / 'stage1' / 'first_iterates.pt'}" in second and "init_weights=" in second
     assert not (out / "stage2" / "first_iterates.pt").exists()
     model = load_model(out / "model.ckpt")
-    assert type(model).__name__ == "Refiner" and model.stages == 2
+    assert type(model).__name__ == "Refiner" and model.stages == 2 and model.mask_input  # its U-Nets read the mask
     assert model.camera["noise"].startswith("ShotNoise(photons=3000")
     assert torch.load(last, weights_only=True)["global_step"] == 6  # the run went on to its end after the kill
     card = (out / "card.md").read_text()

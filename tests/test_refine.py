@@ -312,14 +312,15 @@ def test_training_step_on_windows_trains_the_last_stage(tmp_path):
     assert module.geometry == {"offsets": [0.0, 1.0, 2.0, 3.0, 4.0], "axis": "w", "bands": 5}
 
 
-@pytest.mark.parametrize("project, ensemble", [(False, False), (True, False), (True, True)])
-def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ensemble):
+@pytest.mark.parametrize("project, ensemble, masked", [(False, False, False), (True, False, False), (True, True, False),
+                                                       (True, True, True)])
+def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ensemble, masked):
     """Windows that feed stage 1 (a pool of 1 stage) train a 2-stage model end to end: stage 1 (with its mirror
     ensemble when the model has one there, as at inference), its projection onto the window's y = A x (with
     project), stage 2 on that and what it leaves of y, then the loss."""
     from cassi.lightning import TrainingModule
 
-    model = tiny(stages=2, solver=PINV)
+    model = Refiner(bands=5, stages=2, width=4, depth=2, solver=PINV, mask_input=masked) if masked else tiny(2, PINV)
     model.project, model.flip_ensemble = project, [0] if ensemble else False
     for p in model.parameters():  # far from identity: a projection would hide how stage 2's input was made
         p.data.add_(0.3 * torch.randn_like(p))
@@ -334,11 +335,13 @@ def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ens
     op, x, s = CASSI(batch["mask"], bands=5, step=1), batch["x"], batch["scale"]
     with torch.no_grad():
         x0, r0 = batch["x0"], batch["r"]
-        x1 = model.refine(x0, r0, s, stage=0)
+        m = batch["mask"] if masked else None
+        x1 = model.refine(x0, r0, s, stage=0, mask=m)
         if ensemble:  # the mean with the correction of the windows mirrored across the dispersion (along h)
-            x1 = 0.5 * (x1 + model.refine(x0.flip(-2), r0.flip(-2), s, stage=0).flip(-2))
+            mf = m.flip(-2) if masked else None
+            x1 = 0.5 * (x1 + model.refine(x0.flip(-2), r0.flip(-2), s, stage=0, mask=mf).flip(-2))
         r1 = op.pinv(op(x) - op(x1))
-        x2 = model.refine(x1 + r1 if project else x1, r1, s, stage=1)
+        x2 = model.refine(x1 + r1 if project else x1, r1, s, stage=1, mask=m)
         want = x2 + op.pinv(op(x) - op(x2)) if project else x2
         assert torch.allclose(module.refine_windows(batch), want, atol=1e-5)
         assert torch.allclose(loss, module.loss(want, x), atol=1e-6)
@@ -430,3 +433,25 @@ def test_flip_ensemble_averages_stages_over_the_mirror_across_the_dispersion(geo
 def test_flip_ensemble_refuses_what_is_not_a_stage_list(bad):
     with pytest.raises(ValueError, match="flip_ensemble must be true, false or a list of stages in 0..1"):
         Refiner(bands=5, stages=2, flip_ensemble=bad)
+
+
+def test_mask_input_sees_the_mask_where_the_window_lies():
+    """mask_input: each U-Net reads [x/s, r/s, M]; the whole-scene forward takes M from the operator, a window's
+    correction from its own crop of the mask (the same pixels give the same correction), flips mirror it too."""
+    torch.manual_seed(0)
+    model = Refiner(bands=5, width=4, depth=2, solver=FAST_TV, mask_input=True, flip_ensemble=True)
+    for p in model.priors.parameters():
+        p.data.add_(0.05 * torch.randn_like(p))
+    assert sum(p.numel() for p in model.parameters()) > sum(p.numel() for p in tiny().parameters())
+    op, x = random_op(1, 5, 16, 16)
+    y = op(x)
+    with torch.no_grad():
+        x0, r0 = model.first(op, y)
+        whole = model(op, y)
+        s = x0.mean(dim=(1, 2, 3), keepdim=True) / 0.5
+        direct = model.correct(x0, r0, 0, op.axis, s, op.mask)
+        torch.testing.assert_close(whole, direct)
+        other = model.correct(x0, r0, 0, op.axis, s, 1 - op.mask)  # another mask: another correction
+        assert (other - whole).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="mask_input=true.*needs the mask"):
+        model.refine(x0, r0, s)

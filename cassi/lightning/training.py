@@ -191,7 +191,7 @@ class TrainingModule(ReconstructionModule):
         est, r = batch["x0"], batch["r"]
         for k in range(first, last):
             est, r = rec.step(op, y, est, r, k, scale=s)
-        out = rec.refine(est, r, s, stage=last)
+        out = rec.refine(est, r, s, stage=last, mask=batch.get("mask"))
         return op.data_step(out, y) if project else out  # ρ = 0: the GAP projection, one fused pass
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

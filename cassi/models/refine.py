@@ -81,6 +81,8 @@ class Refiner(Unrolled):
         project: make every stage's output consistent with y, x_k = x̃_k + r̃_k with x̃_k the correction above and
             r̃_k = A⁺(y − A x̃_k) (the GAP projection; the next stage sees (x_k, r̃_k)). For noiseless or lightly
             noisy measurements (+0.3 dB after stage 1 of cave_tsa, docs/training.md); with noise it fits the noise.
+        mask_input: each U-Net also sees the mask where the window lies, M (B, 1, H, W) (the mean over bands of a
+            per-band mask): input 2C + 1 channels, [x/s, r/s, M]. GAP-TV's errors follow the mask's pattern.
         flip_ensemble: in ``forward``, a stage's correction is the mean of the correction of x and the mirrored
             correction of x mirrored across the dispersion (along h when it runs along w; a mirror along it would
             reverse it), one batch of 2B: twice that U-Net's cost. True: every stage; a list: those stages (0-based;
@@ -94,9 +96,9 @@ class Refiner(Unrolled):
 
     def __init__(self, bands: int = 28, stages: int = 1, width: int | list[int] = 16, depth: int | list[int] = 4,
                  solver: dict | None = None, checkpointing: bool = False, project: bool = False,
-                 flip_ensemble: bool | list[int] = False):
+                 flip_ensemble: bool | list[int] = False, mask_input: bool = False):
         super().__init__(bands, stages, False, checkpointing, normalize=True)
-        self.project, self.flip_ensemble = bool(project), _plain(flip_ensemble)  # a ListConfig becomes a list
+        self.project, self.flip_ensemble, self.mask_input = bool(project), _plain(flip_ensemble), bool(mask_input)  # a ListConfig becomes a list
         flip_ensemble = self.flip_ensemble
         if not isinstance(flip_ensemble, bool) and not (
                 isinstance(flip_ensemble, list) and all(isinstance(k, int) and not isinstance(k, bool)
@@ -110,7 +112,8 @@ class Refiner(Unrolled):
         self.solver = build_solver(solver)
         self.solver_spec = solver
         self.config = _config(self, dict(locals()))
-        self.priors = nn.ModuleList(UNet(2 * bands, bands, w, d) for w, d in stage_shapes(self.config))
+        self.priors = nn.ModuleList(UNet(2 * bands + self.mask_input, bands, w, d)
+                                    for w, d in stage_shapes(self.config))
 
     def first(self, op, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x₀, r₀) = (solver(op, y), A⁺(y − A x₀)), both (B, C, H, W), without gradients."""
@@ -119,13 +122,21 @@ class Refiner(Unrolled):
             return x0, op.pinv(y.detach() - op(x0))
 
     def refine(self, x: torch.Tensor, r: torch.Tensor, scale: torch.Tensor | None = None,
-               stage: int = -1) -> torch.Tensor:
+               stage: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x + s·U_stage([x, r]/s) (B, C, H, W); ``scale`` s (B, 1, 1, 1) defaults to mean(x)/0.5 (give the
-        whole scene's when x is a window of it)."""
+        whole scene's when x is a window of it); ``mask`` (1|B, 1|C, H, W), the mask over x: needed with
+        ``mask_input``, else ignored."""
         s = _scale(x) if scale is None else scale.to(x.dtype)
         net = self.priors[stage]
+        parts = [x / s, r / s]
+        if self.mask_input:
+            if mask is None or mask.shape[-2:] != x.shape[-2:]:
+                raise ValueError(f"this Refiner (mask_input=true) needs the mask over x {tuple(x.shape)}, got "
+                                 f"{None if mask is None else tuple(mask.shape)}")
+            m = mask.to(x.dtype).mean(dim=1, keepdim=True)
+            parts.append(m.expand(x.shape[0], 1, *x.shape[-2:]))
         # channels_last: the CPU convolutions run 1.4–1.7× faster on it (measured, 256² batch 2)
-        inp = torch.cat([x / s, r / s], dim=1).contiguous(memory_format=torch.channels_last)
+        inp = torch.cat(parts, dim=1).contiguous(memory_format=torch.channels_last)
         if self.checkpointing and torch.is_grad_enabled():
             out = torch.utils.checkpoint.checkpoint(net, inp, use_reentrant=False)
         else:
@@ -133,15 +144,18 @@ class Refiner(Unrolled):
         return out.contiguous().to(x.dtype) * s
 
     def correct(self, x: torch.Tensor, r: torch.Tensor, stage: int, axis: str = "w",
-                scale: torch.Tensor | None = None) -> torch.Tensor:
+                scale: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Stage ``stage``'s correction (B, C, H, W): :meth:`refine`, or with ``flip_ensemble`` on this stage the
         mean over x and x mirrored across the dispersion ``axis`` (one batch of 2B, the same s)."""
         ensemble = self.flip_ensemble
         if not (ensemble is True or (not isinstance(ensemble, bool) and stage in ensemble)):
-            return self.refine(x, r, scale, stage=stage)
+            return self.refine(x, r, scale, stage=stage, mask=mask)
         b, dim = x.shape[0], -1 if axis == "h" else -2
         s = (_scale(x) if scale is None else scale.to(x.dtype)).repeat(2, 1, 1, 1)
-        both = self.refine(torch.cat([x, x.flip(dim)]), torch.cat([r, r.flip(dim)]), s, stage=stage)
+        if mask is not None:
+            mask = mask.expand(b, *mask.shape[1:])
+            mask = torch.cat([mask, mask.flip(dim)])
+        both = self.refine(torch.cat([x, x.flip(dim)]), torch.cat([r, r.flip(dim)]), s, stage=stage, mask=mask)
         return 0.5 * (both[:b] + both[b:].flip(dim))
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
@@ -159,7 +173,7 @@ class Refiner(Unrolled):
         """Stage ``stage``: x̃ = correct(x, r) and what it leaves of y, r' = A⁺(y − A x̃) (None unless
         ``residual``); returns (x̃ + r' with ``project``, else x̃; r'), both (B, C, H, W). ``scale``: s (B, 1, 1, 1)
         when x is a window of a larger scene (default mean(x)/0.5)."""
-        x = self.correct(x, r, stage, op.axis, scale)
+        x = self.correct(x, r, stage, op.axis, scale, op.mask if self.mask_input else None)
         if not (residual or self.project):
             return x, None
         r = op.pinv(y - op(x))
