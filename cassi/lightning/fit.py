@@ -4,9 +4,9 @@ wall-clock budget and resumable at any moment.
 Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
 
 1. ``stage1``: GAP-TV corrected by one residual U-Net (``model=refiner``) that also reads the mask
-   (``model.mask_input``: +0.28 dB on the validation windows of a held-out camera at 0.5 h), trained on windows of a pool of GAP-TV
-   reconstructions of training crops measured through the camera (relit, shaded, spectrally shifted/stretched),
-   each stage projected onto y when the camera is noiseless; the checkpoint is chosen on validation windows.
+   (``model.mask_input``: +0.28 dB on the validation windows of a held-out camera at 0.5 h), trained on windows of
+   a pool of GAP-TV reconstructions of training crops measured through the camera (relit, shaded, spectrally
+   shifted/stretched), each stage projected onto y when the camera is noiseless; the checkpoint is chosen on validation windows.
 2. ``stage2`` (when the budget allows): a second U-Net grown on stage 1 (``init_weights``), both trained together.
 3. ``card``: the best checkpoint scored beside A⁺y and GAP-TV on the validation and test scenes
    (``scripts/model_card.py``), written as ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
@@ -96,9 +96,9 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     write_text_atomic(state_path, json.dumps({**state, "pool": size, "phases": [asdict(p) for p in phases]}, indent=1))
     echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, budget {budget_hours:g} h "
          f"({state['spent_min']:.1f} min spent before) -> {out}")
-    base = ["experiment=cave_tsa", "model.mask_input=true", *camera_overrides, f"data.train.cubes.samples_per_epoch={size}",
-            "data.train.cubes.spectral_shift=10", "data.train.cubes.spectral_stretch=0.05", "test=false",
-            "callbacks.progress=null"]
+    base = ["experiment=cave_tsa", "model.mask_input=true", *camera_overrides,
+            f"data.train.cubes.samples_per_epoch={size}", "data.train.cubes.spectral_shift=10",
+            "data.train.cubes.spectral_stretch=0.05", "test=false", "callbacks.progress=null"]
     previous = None
     for phase in phases:
         run = out / phase.name

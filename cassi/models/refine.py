@@ -98,7 +98,8 @@ class Refiner(Unrolled):
                  solver: dict | None = None, checkpointing: bool = False, project: bool = False,
                  flip_ensemble: bool | list[int] = False, mask_input: bool = False):
         super().__init__(bands, stages, False, checkpointing, normalize=True)
-        self.project, self.flip_ensemble, self.mask_input = bool(project), _plain(flip_ensemble), bool(mask_input)  # a ListConfig becomes a list
+        self.project, self.mask_input = bool(project), bool(mask_input)
+        self.flip_ensemble = _plain(flip_ensemble)  # a ListConfig becomes a list
         flip_ensemble = self.flip_ensemble
         if not isinstance(flip_ensemble, bool) and not (
                 isinstance(flip_ensemble, list) and all(isinstance(k, int) and not isinstance(k, bool)
