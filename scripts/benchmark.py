@@ -21,6 +21,7 @@ from cassi.io import write_text_atomic
 @hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark")
 def main(cfg: DictConfig) -> None:
     torch.set_num_threads(cfg.threads)
+    bench.RETRIES = cfg.retries
     threads = torch.get_num_threads()
     console = Console()
     device = torch.cuda.get_device_name() if cfg.device.startswith("cuda") else cfg.device
