@@ -26,7 +26,8 @@ def main(cfg: DictConfig) -> None:
     camera_overrides = [o for o in task if o.lstrip("+~").startswith("camera")]
     noiseless = not any(v is not None for v in camera["noise"].values())
     try:
-        fit_camera(cfg.output_dir, camera_overrides, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool)
+        fit_camera(cfg.output_dir, camera_overrides, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
+                   init=cfg.init)
     except (RuntimeError, ValueError) as e:
         sys.exit(f"error: {e}")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cassi.lightning.fit import plan
-from cassi.models import load_model
+from cassi.models import Refiner, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # a tiny fit: 3 pool scenes, 8 windows of 32² per epoch (2 steps), 6 steps, a width-4 U-Net, 64² validation/test crops
@@ -21,9 +21,9 @@ TINY = ('recipe=["data.train.cubes.samples_per_epoch=3","data.train.cubes.patch_
         '"validation.test.crop_to=64","baselines.gap_tv.iters=5","half=false"]')
 
 
-def fit(out, *extra, wait=True):
+def fit(out, *extra, wait=True, init="null"):
     cmd = [sys.executable, str(ROOT / "scripts" / "fit_camera.py"), "camera.noise.photons=3000", "budget_hours=1",
-           f"output_dir={out}", TINY, *extra]
+           f"init={init}", f"output_dir={out}", TINY, *extra]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -52,7 +52,13 @@ def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):
 
 def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp_path, shared_data):
     out = tmp_path / "fit"
-    proc = fit(out, wait=False)
+    # stage 1 starts from a 5-band Refiner dispersing along h, carried to the camera's 28 bands along w
+    torch.manual_seed(0)
+    start = Refiner(bands=5, width=4, depth=2, mask_input=True)
+    torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in start.state_dict().items()},
+                "cassi": {"model": start.config, "geometry": {"offsets": [0, 2, 4, 6, 8], "axis": "h", "bands": 5},
+                          "wavelengths": None}}, init := tmp_path / "start.ckpt")
+    proc = fit(out, wait=False, init=init)
     last = out / "stage1" / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 600
     while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
@@ -61,7 +67,9 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     os.killpg(proc.pid, signal.SIGKILL)  # the fit and its training process, mid-way
     proc.wait()
     assert not (out / "model.ckpt").exists()
-    r = fit(out)
+    first = (out / "stage1" / "console.log").read_text()
+    assert f"init_weights={init}" in first and "carried from 5 to 28 bands" in first and "along h to w" in first
+    r = fit(out, init=init)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "(resumed)" in r.stdout and "ckpt_path=" in (out / "stage1" / "console.log").read_text()
     # stage 2 grew on stage 1's best and trained both on stage 1's pool (GAP-TV is not run again)
@@ -75,5 +83,5 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     card = (out / "card.md").read_text()
     assert "GAP-TV" in card and "model" in card
     assert json.loads((out / "plan.json").read_text())["camera"] == ["camera.noise.photons=3000"]
-    again = fit(out)  # everything done: nothing is redone
+    again = fit(out, init=init)  # everything done: nothing is redone
     assert again.returncode == 0 and "stage1: done" in again.stdout

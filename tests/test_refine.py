@@ -453,3 +453,68 @@ def test_mask_input_reads_the_operators_mask():
         assert (other - whole).abs().max() > 1e-4
     with pytest.raises(ValueError, match="mask_input=true.*needs the mask"):
         model.refine(x0, r0, s)
+
+
+def test_spectral_interp_is_linear_interpolation_clamped_at_the_ends():
+    from cassi.models.refine import spectral_interp
+
+    src = torch.tensor([450.0, 500.0, 600.0])
+    q = spectral_interp(src, [400.0, 450.0, 475.0, 550.0, 700.0])
+    line = 2 * src + 1  # a spectrum linear in λ is reproduced inside the grid, held at the end bands outside it
+    assert torch.allclose(q @ line.double(), torch.tensor([901.0, 901.0, 951.0, 1101.0, 1201.0], dtype=torch.float64))
+    assert torch.allclose(q.sum(1), torch.ones(5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="src increasing"):
+        spectral_interp([500.0, 450.0], [470.0])
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_transferred_u_net_equals_the_old_one_on_resampled_spectra(transpose):
+    """Carried from 5 bands to 7 (other wavelengths), the U-Net computes what the old one computes on the new
+    bands resampled to the old: U'(x) = x + Q·(U(P x) − P x) with P, Q the interpolations between the grids; with
+    ``transpose``, on the transposed window (the dispersion along the other axis)."""
+    from cassi.models.refine import spectral_interp, transfer_weights
+
+    old = tiny(mask_input=True)
+    nm0, nm1 = [450.0, 480.0, 520.0, 570.0, 640.0], [420.0, 460.0, 500.0, 540.0, 580.0, 620.0, 680.0]
+    new = Refiner(bands=7, width=4, depth=2, solver=FAST_TV, mask_input=True)
+    new.load_state_dict(transfer_weights(old.state_dict(), (5, 7), (nm0, nm1), transpose))
+    p, q = spectral_interp(nm1, nm0).float(), spectral_interp(nm0, nm1).float()
+    g = torch.Generator().manual_seed(1)
+    x, r = torch.rand(2, 7, 16, 12, generator=g), 0.1 * torch.randn(2, 7, 16, 12, generator=g)
+    m = (torch.rand(1, 1, 16, 12, generator=g) > 0.5).float()
+    to_old = (lambda t: t.transpose(-1, -2)) if transpose else (lambda t: t)
+    s = torch.ones(2, 1, 1, 1)
+    with torch.no_grad():
+        got = new.refine(x, r, s, mask=m)
+        x0 = torch.einsum("sd,bdhw->bshw", p, to_old(x))
+        ref = old.refine(x0, torch.einsum("sd,bdhw->bshw", p, to_old(r)), s, mask=to_old(m)) - x0
+    want = x + to_old(torch.einsum("ds,bshw->bdhw", q, ref))
+    assert torch.allclose(got, want, atol=1e-5)
+    with pytest.raises(ValueError, match="has 11 inputs, not 2·4"):
+        transfer_weights(old.state_dict(), (4, 7))
+
+
+def test_init_weights_carries_a_refiner_to_another_camera(tmp_path, caplog):
+    """init_weights= from a 5-band model dispersing along w into a 7-band one along h: the U-Net's band-wise
+    weights are resampled (by band position when wavelengths are unknown) and its kernels transposed; the same
+    camera copies the weights as they are."""
+    import logging
+    from functools import partial
+
+    from cassi.lightning import TrainingModule
+
+    old = tiny(mask_input=True)
+    path = tmp_path / "w.ckpt"
+    torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in old.state_dict().items()},
+                "cassi": {"model": old.config, "geometry": {"offsets": [0, 2, 4, 6, 8], "axis": "w", "bands": 5},
+                          "wavelengths": None}}, path)
+    new = Refiner(bands=7, width=4, depth=2, solver=FAST_TV, mask_input=True)
+    with caplog.at_level(logging.INFO, logger="cassi.lightning.training"):
+        TrainingModule(new, partial(CASSI, bands=7, step=2, axis="h"), init_weights=str(path))
+    assert "carried from 5 to 7 bands (by band position: wavelengths not known), dispersion along w to h" in caplog.text
+    w_old, w_new = old.priors[0].down[0][0].weight, new.priors[0].down[0][0].weight
+    assert w_new.shape[1] == 15 and torch.equal(w_new[:, 14], w_old[:, 10].transpose(-1, -2))  # the mask's input
+    assert torch.equal(w_new[:, 0], w_old[:, 0].transpose(-1, -2))  # the first band maps onto the first
+    same = Refiner(bands=5, width=4, depth=2, solver=FAST_TV, mask_input=True)
+    TrainingModule(same, partial(CASSI, bands=5, step=2), init_weights=str(path))
+    assert all(torch.equal(a, b) for a, b in zip(same.state_dict().values(), old.state_dict().values()))

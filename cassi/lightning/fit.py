@@ -3,7 +3,8 @@ wall-clock budget and resumable at any moment.
 
 Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
 
-1. ``stage1``: GAP-TV corrected by one residual U-Net (``model=refiner``) that also reads the mask
+1. ``stage1``: GAP-TV corrected by one residual U-Net (``model=refiner``), started from ``init`` (by default
+   ``pretrained/cave_any``, carried to the camera's bands and dispersion axis: ``transfer_weights``), that also reads the mask
    (``model.mask_input``: +0.28 dB on the validation windows of a held-out camera at 0.5 h), trained on windows of
    a pool of GAP-TV reconstructions of training crops measured through the camera (relit, shaded, spectrally
    shifted/stretched), each stage projected onto y when the camera is noiseless; the checkpoint is chosen on validation windows.
@@ -78,10 +79,13 @@ def _run(script: str, overrides: list[str], log: Path) -> None:
 
 
 def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.0, noiseless: bool = True,
-               recipe: list[str] | None = None, pool: int | None = None, echo=print) -> Path:
+               recipe: list[str] | None = None, pool: int | None = None, init: str | None = None,
+               echo=print) -> Path:
     """Run (or continue) the phases into ``output_dir``; returns ``output_dir/model.ckpt``. ``camera_overrides``:
     the ``camera=...`` / ``camera.<key>=...`` overrides of the camera (passed to every run); ``recipe``: more
-    overrides for every training run (e.g. smaller data for a test)."""
+    overrides for every training run (e.g. smaller data for a test); ``init``: the weights stage 1 starts from (a
+    Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis), None: from
+    scratch."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "plan.json"
@@ -113,7 +117,7 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
         hms = f"00:{int(left // 60):02d}:{int(left % 60):02d}:{int(round(left % 1 * 60)) % 60:02d}"
         overrides = [*base, *phase.overrides, f"hydra.run.dir={run}", f"paths.output_dir={run}",
                      f"trainer.max_time={hms}", "trainer.max_steps=-1",
-                     *([f"init_weights={previous}"] if previous is not None and not last.is_file() else []),
+                     *([f"init_weights={previous or init}"] if (previous or init) and not last.is_file() else []),
                      *([f"ckpt_path={last}"] if last.is_file() else []),
                      *([f"data.train.cache={out / phases[0].name / 'first_iterates.pt'}"] if phase is not phases[0] else []),
                      *[o for o in recipe or [] if not o.startswith(CARD_KEYS)]]

@@ -11,6 +11,7 @@ dispersion geometry it was trained for and the wavelengths.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from typing import Callable, Sequence
 
@@ -26,7 +27,9 @@ from cassi.models.camera import describe_camera
 from cassi.models.card import training_record
 from cassi.models.checkpoint import load_model, resolve_checkpoint
 from cassi.models.losses import ReconstructionLoss
-from cassi.models.refine import stage_shapes
+from cassi.models.refine import stage_shapes, transfer_weights
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TrainingModule", "warmup_cosine"]
 
@@ -95,6 +98,7 @@ class TrainingModule(ReconstructionModule):
             stages = getattr(model, "stages", None)
             if not stage_weights or min(stage_weights) < 0 or (stages is not None and len(stage_weights) > stages):
                 raise ValueError(f"stage_weights must be 1..{stages} weights >= 0, got {stage_weights}")
+        self.wavelengths = _wavelengths(wavelengths, getattr(model, "bands", None), "the model reconstructs")
         if init_weights:
             self._init_weights(model, config, init_weights)
         elif init_training:
@@ -103,21 +107,24 @@ class TrainingModule(ReconstructionModule):
         self.loss = loss if loss is not None else ReconstructionLoss("l1")
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.stage_weights, self.log_images = stage_weights, log_images
-        self.wavelengths = _wavelengths(wavelengths, getattr(model, "bands", None), "the model reconstructs")
         self.geometry: dict | None = None
         self.save_hyperparameters({"model": dict(config), "loss": repr(self.loss), "stage_weights": stage_weights,
                                    "wavelengths": self.wavelengths})
 
-    @staticmethod
-    def _init_weights(model: nn.Module, config: dict, path: str) -> None:
+    def _init_weights(self, model: nn.Module, config: dict, path: str) -> None:
         """Copy the weights of the checkpoint ``path`` into ``model`` (ValueError when its model differs). A
         Refiner may have more stages than the checkpoint's: its first stages start from those (stage-wise
-        training, see ``cassi.models.FirstIterates``), and another first-iterate solver, ``project`` or ``flip_ensemble``."""
+        training, see ``cassi.models.FirstIterates``), and another first-iterate solver, ``project`` or
+        ``flip_ensemble``; and another camera: another band count (its U-Nets' band-wise weights interpolated
+        across wavelength) or dispersion axis (kernels transposed), see ``cassi.models.refine.transfer_weights``."""
         trained = load_model(path)
         model.camera = getattr(trained, "camera", None)  # kept when the run's data record none
         refiner = type(model).__name__ == "Refiner"  # its first iterate and how stages chain are not in the weights
-        ignore = {"checkpointing"} | ({"project", "solver", "flip_ensemble"} if refiner else set()) | (
+        ignore = {"checkpointing"} | ({"project", "solver", "flip_ensemble", "bands"} if refiner else set()) | (
             {"stages"} if refiner and trained.config.get("stages", 1) <= config.get("stages", 1) else set())
+        state = trained.state_dict()
+        if refiner:
+            state = self._carried(trained, config["bands"], state, path)
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
         if "stages" in ignore and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the checkpoint's
@@ -129,9 +136,25 @@ class TrainingModule(ReconstructionModule):
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             raise ValueError(f"init_weights={path}: its model differs from the configured one in "
                              + ", ".join(f"{k} ({have.get(k)!r} there, {want.get(k)!r} here)" for k in diff))
-        missing = model.load_state_dict(trained.state_dict(), strict=False).missing_keys
+        missing = model.load_state_dict(state, strict=False).missing_keys
         if missing and "stages" not in ignore:
             raise ValueError(f"init_weights={path}: no weights for {missing[:3]}")
+
+    def _carried(self, trained: nn.Module, bands: int, state: dict, path: str) -> dict:
+        """``trained``'s Refiner weights for this run's band count, wavelengths and dispersion axis (unchanged when
+        they are the same), with one log line saying what was carried over."""
+        axis = self.operator(mask=torch.ones(1, 1)).axis if self.operator is not None else None
+        old_axis = (trained.geometry or {}).get("axis") or axis
+        axis = axis or old_axis  # one of them unknown: taken as the same
+        old_nm, new_nm = trained.wavelengths, self.wavelengths
+        if trained.bands == bands and old_axis == axis and (old_nm is None or new_nm is None or
+                                                            list(old_nm) == list(new_nm)):
+            return state
+        known = old_nm is not None and new_nm is not None
+        log.info(f"init_weights={path}: carried from {trained.bands} to {bands} bands "
+                 f"({'interpolated across wavelength' if known else 'by band position: wavelengths not known'})"
+                 + (f", dispersion along {old_axis} to {axis} (kernels transposed)" if old_axis != axis else ""))
+        return transfer_weights(state, (trained.bands, bands), (old_nm, new_nm) if known else None, old_axis != axis)
 
     @staticmethod
     def _trained_before(init_weights: str | None, given: dict | None) -> dict:

@@ -28,7 +28,7 @@ from cassi.models.unrolled import Unrolled, _config, _plain
 from cassi.solvers.base import Solver
 from cassi.registry import register
 
-__all__ = ["Refiner", "FirstIterates", "build_solver", "DEFAULT_SOLVER"]
+__all__ = ["Refiner", "FirstIterates", "build_solver", "DEFAULT_SOLVER", "spectral_interp", "transfer_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,55 @@ def stage_shapes(config: dict) -> list[tuple[int, int]]:
                              f"got {config[name]!r}")
         out.append(v)
     return list(zip(*out))
+
+
+def spectral_interp(src, dst) -> torch.Tensor:
+    """Q (len(dst), len(src)): linear interpolation of spectra sampled at the increasing wavelengths ``src`` onto
+    ``dst`` (each row sums to 1; beyond the ends, the end band): x_dst = Q x_src."""
+    src, dst = torch.as_tensor(src, dtype=torch.float64), torch.as_tensor(dst, dtype=torch.float64)
+    if src.dim() != 1 or dst.dim() != 1 or not len(src) or not len(dst) or (src[1:] <= src[:-1]).any():
+        raise ValueError(f"spectral_interp needs two 1-D grids, src increasing; got {src.tolist()}, {dst.tolist()}")
+    q = torch.zeros(len(dst), len(src), dtype=torch.float64)
+    if len(src) == 1:
+        return q + 1
+    hi = torch.searchsorted(src, dst).clamp(1, len(src) - 1)
+    t = ((dst - src[hi - 1]) / (src[hi] - src[hi - 1])).clamp(0, 1)
+    rows = torch.arange(len(dst))
+    q[rows, hi - 1] = 1 - t
+    q[rows, hi] += t
+    return q
+
+
+def transfer_weights(state: dict, bands: tuple[int, int], wavelengths: tuple | None = None,
+                     transpose: bool = False) -> dict:
+    """A Refiner's state dict carried to another camera: each U-Net's band-wise inputs (x and r, the first
+    convolution) and outputs (the last one) resampled from ``bands[0]`` to ``bands[1]`` bands by linear
+    interpolation across wavelength, and with ``transpose`` every kernel transposed (a dispersion along the other
+    axis: the network conjugated by the swap of H and W, exact). Inputs: W' = W·P with P = spectral_interp(to,
+    from) (what the old bands would see of the new ones); outputs: W' = Q·W, b' = Q·b with Q = spectral_interp(from,
+    to). ``wavelengths``: (nm of the old bands, nm of the new), or None (band positions, evenly spread)."""
+    c0, c1 = bands
+    nm0, nm1 = wavelengths if wavelengths is not None and None not in wavelengths else (
+        torch.linspace(0, 1, c0), torch.linspace(0, 1, c1))
+    if len(nm0) != c0 or len(nm1) != c1:
+        raise ValueError(f"transfer_weights: {len(nm0)} and {len(nm1)} wavelengths for {c0} and {c1} bands")
+    p, q = spectral_interp(nm1, nm0), spectral_interp(nm0, nm1)  # (c0, c1), (c1, c0)
+    out = {}
+    for key, w in state.items():
+        w = w.clone()
+        if key.startswith("priors.") and key.endswith(".down.0.0.weight"):  # in: [x (c0), r (c0), mask?]
+            if w.shape[1] not in (2 * c0, 2 * c0 + 1):
+                raise ValueError(f"transfer_weights: {key} has {w.shape[1]} inputs, not 2·{c0} (+1)")
+            parts = [torch.einsum("oskl,sd->odkl", w[:, i * c0:(i + 1) * c0].double(), p).to(w.dtype) for i in (0, 1)]
+            w = torch.cat([*parts, w[:, 2 * c0:]], dim=1)
+        elif key.startswith("priors.") and (key.endswith(".last.weight") or key.endswith(".last.bias")):
+            if w.shape[0] != c0:
+                raise ValueError(f"transfer_weights: {key} has {w.shape[0]} outputs, not {c0}")
+            w = torch.einsum("ds,s...->d...", q, w.double()).to(w.dtype)
+        if transpose and w.dim() == 4:
+            w = w.transpose(-1, -2)
+        out[key] = w.contiguous()
+    return out
 
 
 @register
