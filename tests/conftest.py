@@ -84,3 +84,15 @@ def small_memory():
     plus 1 GiB: a huge allocation fails at once with MemoryError) and tracemalloc; afterwards ``used["peak"]``
     is the largest traced memory in bytes and ``used["seconds"]`` the time taken (see ``_small_memory``)."""
     return _small_memory
+
+
+def pytest_collection_modifyitems(config, items):
+    """Long tests (marked ``slow``) first, so that pytest-xdist's workers start on them together and the short
+    ones fill in at the end, instead of one long test running alone at the end. Tests that use a module- or
+    class-scoped fixture stay in their module's run, where that fixture is set up once."""
+    def movable(item) -> bool:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        return item.get_closest_marker("slow") is not None and all(
+            d.scope in ("function", "session") for ds in defs.values() for d in ds)
+
+    items[:] = [i for i in items if movable(i)] + [i for i in items if not movable(i)]

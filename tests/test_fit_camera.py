@@ -50,6 +50,7 @@ def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):
     assert not (tmp_path / "fit" / "stage1").exists()
 
 
+@pytest.mark.slow
 def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp_path, shared_data):
     out = tmp_path / "fit"
     # stage 1 starts from a 5-band Refiner dispersing along h, carried to the camera's 28 bands along w

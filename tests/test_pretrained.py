@@ -43,6 +43,7 @@ def test_shipped_model_refuses_another_geometry(name):
         model(op, op(torch.rand(1, model.bands, 16, 16)))
 
 
+@pytest.mark.slow
 def test_model_card_job_ships_a_model_that_loads_by_name(tmp_path, caplog):
     """model_card.py on a tiny trained checkpoint: card with the three methods on both splits, weights-only file,
     reference output; load_model of the shipped file reproduces the reference; a bad ckpt fails cleanly."""

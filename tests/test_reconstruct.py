@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import h5py
+import pytest
 from PIL import Image
 
 from cassi.io import TSA_WAVELENGTHS, load_cube, load_mask, load_measurement, save_mask, save_measurement
@@ -44,6 +45,7 @@ def summary(out: Path) -> dict:
     return {r["name"]: r for r in json.loads((out / "summary.json").read_text())["scenes"]}
 
 
+@pytest.mark.slow
 def test_synthetic_default_outputs_reopen_and_a_second_run_resumes(tmp_path):
     out = tmp_path / "run"
     r = reconstruct(tmp_path, out, *SMALL)

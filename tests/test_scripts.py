@@ -52,6 +52,7 @@ def test_evaluate_shared_cave_gap_tv_beats_pinv(tmp_path, shared_data):
         assert psnr["gap_tv"][name] > p + 5
 
 
+@pytest.mark.slow
 def test_benchmark_script_writes_ratios(tmp_path):
     run("benchmark.py", "cases=[tiny]", "backends=[loop,strided,fold]", "repeats=3", "warmup=1",
         "retries=0", f"output_dir={tmp_path}", tmp=tmp_path)

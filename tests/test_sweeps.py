@@ -210,6 +210,7 @@ def test_collect_keeps_unfinished_jobs_and_refuses_an_empty_folder(tmp_path):
 # ------------------------------------------------------------------------------------------------ Optuna
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*SQLAlchemy 2.0")  # optuna 2.x under sqlalchemy<2, as the extra pins it
 def test_optuna_search_reports_the_best_and_resumes_from_sqlite(tmp_path):
     plugin("hydra_optuna_sweeper")
@@ -240,6 +241,7 @@ def test_optuna_search_reports_the_best_and_resumes_from_sqlite(tmp_path):
 # --------------------------------------------------------------------------------------------- launchers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_launcher_runs_a_two_job_sweep(tmp_path, launcher):
     plugin("hydra_joblib_launcher" if launcher == "joblib" else "hydra_submitit_launcher")

@@ -339,6 +339,7 @@ def test_a_run_bounded_by_time_alone_follows_its_time_budget(tmp_path):
     assert conf["optimizer"].param_groups[0]["lr"] == pytest.approx(lr0 * 0.5 * (1 + math.cos(math.pi * 0.25)), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_benchmark_models_script(tmp_path):
     run("benchmark_models.py", "models=[gapnet,dauhst_2stg]", "bands=4", "flops_size=32", "train_size=16",
         "train_batch=2", "steps=1", "repeats=1", "checkpointing=[false,true]", f"output_dir={tmp_path}", f"hydra.run.dir={tmp_path}")

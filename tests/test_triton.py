@@ -152,6 +152,7 @@ def interpreted() -> None:
     raise SystemExit(bool(bad))
 
 
+@pytest.mark.slow
 def test_triton_interpreted():
     pytest.importorskip("triton", reason="triton is part of the dev install (pip install -e '.[dev]')")
     here = Path(__file__).parent
