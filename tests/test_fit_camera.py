@@ -82,7 +82,7 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     assert model.camera["noise"].startswith("ShotNoise(photons=3000")
     assert torch.load(last, weights_only=True)["global_step"] == 6  # the run went on to its end after the kill
     card = (out / "card.md").read_text()
-    assert "GAP-TV" in card and "model" in card
+    assert "GAP-TV" in card and "model" in card and "| cave_sponges_y0x0 |" in card  # the validation windows
     assert json.loads((out / "plan.json").read_text())["camera"] == ["camera.noise.photons=3000"]
     again = fit(out, init=init)  # everything done: nothing is redone
     assert again.returncode == 0 and "stage1: done" in again.stdout

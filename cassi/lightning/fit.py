@@ -9,7 +9,8 @@ Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
    a pool of GAP-TV reconstructions of training crops measured through the camera (relit, shaded, spectrally
    shifted/stretched), each stage projected onto y when the camera is noiseless; the checkpoint is chosen on validation windows.
 2. ``stage2`` (when the budget allows): a second U-Net grown on stage 1 (``init_weights``), both trained together.
-3. ``card``: the best checkpoint scored beside A⁺y and GAP-TV on the validation and test scenes
+3. ``card``: the best checkpoint scored beside A⁺y and GAP-TV on the validation windows (the quadrants of the
+   validation scenes it was chosen on) and the test scenes
    (``scripts/model_card.py``), written as ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
 
 A phase that finished leaves ``D/<phase>/done.json``; run the same command again after a stop and it continues:
@@ -137,6 +138,7 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     if not model.is_file():
         echo("  card: scoring the model beside A⁺y and GAP-TV")
         _run("model_card.py", [f"ckpt={previous}", "name=model", "ship=true", f"out_dir={out}", *camera_overrides,
+                               "validation.test.crop_grid=2",  # the validation windows the checkpoint was chosen on
                                f"hydra.run.dir={out / 'card_run'}", *[o for o in recipe or [] if o.startswith(CARD_KEYS)]],
              out / "card.log")
         shutil.move(str(out / "model.md"), out / "card.md")
