@@ -221,9 +221,9 @@ def test_scenes_of_another_size_fail_before_the_solver_runs_on_them(tmp_path, mo
     assert Counting.calls == 2 and not list(tmp_path.iterdir())  # no solver run on it, nothing written
 
 
-def checkpoint(path, model):
+def checkpoint(path, model, geometry=None):
     torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in model.state_dict().items()},
-                "cassi": {"model": model.config, "geometry": None, "wavelengths": None}}, path)
+                "cassi": {"model": model.config, "geometry": geometry, "wavelengths": None}}, path)
     return path
 
 
@@ -504,10 +504,7 @@ def test_init_weights_carries_a_refiner_to_another_camera(tmp_path, caplog):
     from cassi.lightning import TrainingModule
 
     old = tiny(mask_input=True)
-    path = tmp_path / "w.ckpt"
-    torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in old.state_dict().items()},
-                "cassi": {"model": old.config, "geometry": {"offsets": [0, 2, 4, 6, 8], "axis": "w", "bands": 5},
-                          "wavelengths": None}}, path)
+    path = checkpoint(tmp_path / "w.ckpt", old, {"offsets": [0, 2, 4, 6, 8], "axis": "w", "bands": 5})
     new = Refiner(bands=7, width=4, depth=2, solver=FAST_TV, mask_input=True)
     with caplog.at_level(logging.INFO, logger="cassi.lightning.training"):
         TrainingModule(new, partial(CASSI, bands=7, step=2, axis="h"), init_weights=str(path))

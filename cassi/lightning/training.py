@@ -154,7 +154,7 @@ class TrainingModule(ReconstructionModule):
         log.info(f"init_weights={path}: carried from {trained.bands} to {bands} bands "
                  f"({'interpolated across wavelength' if known else 'by band position: wavelengths not known'})"
                  + (f", dispersion along {old_axis} to {axis} (kernels transposed)" if old_axis != axis else ""))
-        return transfer_weights(state, (trained.bands, bands), (old_nm, new_nm) if known else None, old_axis != axis)
+        return transfer_weights(state, (trained.bands, bands), (old_nm, new_nm), old_axis != axis)
 
     @staticmethod
     def _trained_before(init_weights: str | None, given: dict | None) -> dict:
