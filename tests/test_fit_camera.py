@@ -44,6 +44,45 @@ def test_plan_follows_the_budget():
         plan(0, True)
 
 
+def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path, monkeypatch):
+    """The phases' runs replaced by a fake on a fake clock: stage 1 (pool included) overruns its plan; stage 2 is
+    stopped half-way (Ctrl-C) and continued with the time it was given."""
+    import cassi.lightning.fit as fit_module
+
+    now, runs = [0.0], []
+    monkeypatch.setattr(fit_module.time, "monotonic", lambda: now[0])
+
+    def fake(script, overrides, log, tick=None):
+        get = dict(o.split("=", 1) for o in overrides if "=" in o)
+        runs.append((script, get))
+        for minutes in (10, 10, 10):  # 30 minutes in all, booked every 10
+            now[0] += 60 * minutes
+            tick()
+            if script == "train.py" and "stage2" in get["hydra.run.dir"] and len(runs) == 2:
+                raise KeyboardInterrupt  # stopped 10 minutes into stage 2
+        if script == "train.py":
+            (Path(get["hydra.run.dir"]) / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (Path(get["hydra.run.dir"]) / "checkpoints" / "best-epoch000.ckpt").write_bytes(b"")
+        else:
+            (Path(get["out_dir"]) / "model.md").write_text("card")
+            (Path(get["out_dir"]) / "model.ckpt").write_bytes(b"")
+
+    monkeypatch.setattr(fit_module, "_run", fake)
+    out = tmp_path / "fit"
+    _, (stage1, _) = plan(1, noiseless=True)
+    with pytest.raises(KeyboardInterrupt):
+        fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, echo=lambda *a: None)
+    state = json.loads((out / "plan.json").read_text())
+    assert state["spent_min"] == pytest.approx(40)  # stage 1's 30 and stage 2's first 10, kept across the stop
+    assert runs[0][1]["trainer.max_time"] == f"00:00:{int(stage1.minutes):02d}:{round(stage1.minutes % 1 * 60):02d}"
+    assert state["minutes"]["stage2"] == pytest.approx(0.9 * 60 - 30)  # what the budget had left, less the card's
+    assert runs[1][1]["trainer.max_time"] == "00:00:24:00"
+    fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, echo=lambda *a: None)
+    assert runs[2][1]["trainer.max_time"] == "00:00:24:00"  # resumed with the time it was given
+    assert runs[3][0] == "model_card.py" and (out / "card.md").read_text() == "card"
+    assert json.loads((out / "plan.json").read_text())["spent_min"] == pytest.approx(100)
+
+
 def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):
     r = fit(tmp_path / "fit", f"camera.mask={tmp_path / 'nope.mat'}")
     assert r.returncode != 0 and f"camera.mask {tmp_path / 'nope.mat'} does not exist" in r.stderr

@@ -14,8 +14,9 @@ Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
    (``scripts/model_card.py``), written as ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
 
 A phase that finished leaves ``D/<phase>/done.json``; run the same command again after a stop and it continues:
-finished phases are kept, an unfinished training resumes from its ``last.ckpt``. Time already spent counts
-against the budget (``D/plan.json``).
+finished phases are kept, an unfinished training resumes from its ``last.ckpt``, an unfinished pool from its
+pieces. The time spent is booked in ``D/plan.json`` as it goes (kills included); the last training phase gets what
+the budget has left when it starts (the pool's time is an estimate), less a tenth for the card.
 """
 from __future__ import annotations
 
@@ -66,17 +67,29 @@ def _best(run: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _run(script: str, overrides: list[str], log: Path) -> None:
-    """Run a script in a fresh process, its output appended to ``log`` (and echoed); RuntimeError naming the log
-    when it fails."""
+def _run(script: str, overrides: list[str], log: Path, tick=None) -> None:
+    """Run a script in a fresh process, its output appended to ``log``; ``tick()`` is called every 30 s while it
+    runs (fit_camera books the time spent). RuntimeError naming the log when it fails."""
     cmd = [sys.executable, str(SCRIPTS / script), *overrides]
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=30)
+                    break
+                except subprocess.TimeoutExpired:
+                    if tick is not None:
+                        tick()
+        except BaseException:  # Ctrl-C or an error here: the child does not outlive us
+            proc.kill()
+            proc.wait()
+            raise
+    if code != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
-        raise RuntimeError(f"{script} failed (exit {proc.returncode}); its log: {log}\n{tail}")
+        raise RuntimeError(f"{script} failed (exit {code}); its log: {log}\n{tail}")
 
 
 def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.0, noiseless: bool = True,
@@ -98,7 +111,18 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     state.setdefault("camera", camera_overrides)
     state.setdefault("budget_hours", budget_hours)
     state.setdefault("spent_min", 0.0)
-    write_text_atomic(state_path, json.dumps({**state, "pool": size, "phases": [asdict(p) for p in phases]}, indent=1))
+    state.setdefault("minutes", {})  # each phase's training time, fixed when it first starts (a resume keeps it)
+    clock = [time.monotonic()]
+
+    def save(book: bool = True) -> None:  # the time since the last booking counts as spent, kept across kills
+        now = time.monotonic()
+        if book:
+            state["spent_min"] += (now - clock[0]) / 60
+        clock[0] = now
+        write_text_atomic(state_path, json.dumps({**state, "pool": size, "phases": [asdict(p) for p in phases]},
+                                                 indent=1))
+
+    save(book=False)
     echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, budget {budget_hours:g} h "
          f"({state['spent_min']:.1f} min spent before) -> {out}")
     base = ["experiment=cave_tsa", "model.mask_input=true", *camera_overrides,
@@ -114,7 +138,12 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
             continue
         run.mkdir(exist_ok=True)
         last = run / "checkpoints" / "last.ckpt"
-        left = max(1.0, phase.minutes)
+        if phase.name not in state["minutes"]:  # the last phase trains for what the budget has left (less the card's
+            # tenth): the pool's time is an estimate (SCENE_S), and cameras differ
+            rest = budget_hours * 60 * 0.9 - state["spent_min"]
+            state["minutes"][phase.name] = rest if phase is phases[-1] and len(phases) > 1 else phase.minutes
+            save()
+        left = max(1.0, state["minutes"][phase.name])
         hms = f"00:{int(left // 60):02d}:{int(left % 60):02d}:{int(round(left % 1 * 60)) % 60:02d}"
         overrides = [*base, *phase.overrides, f"hydra.run.dir={run}", f"paths.output_dir={run}",
                      f"trainer.max_time={hms}", "trainer.max_steps=-1",
@@ -124,11 +153,8 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
                      *[o for o in recipe or [] if not o.startswith(CARD_KEYS)]]
         echo(f"  {phase.name}: training for up to {left:.1f} min{' (resumed)' if last.is_file() else ''}; "
              f"log {run / 'console.log'}")
-        t0 = time.monotonic()
-        _run("train.py", overrides, run / "console.log")  # train.log: Hydra's own
-        state["spent_min"] += (time.monotonic() - t0) / 60
-        write_text_atomic(state_path, json.dumps({**state, "pool": size, "phases": [asdict(p) for p in phases]},
-                                                 indent=1))
+        _run("train.py", overrides, run / "console.log", tick=save)  # train.log: Hydra's own
+        save()
         previous = _best(run)
         if previous is None:
             raise RuntimeError(f"{phase.name} wrote no best checkpoint in {run / 'checkpoints'}")
@@ -140,7 +166,8 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
         _run("model_card.py", [f"ckpt={previous}", "name=model", "ship=true", f"out_dir={out}", *camera_overrides,
                                "validation.test.crop_grid=2",  # the validation windows the checkpoint was chosen on
                                f"hydra.run.dir={out / 'card_run'}", *[o for o in recipe or [] if o.startswith(CARD_KEYS)]],
-             out / "card.log")
+             out / "card.log", tick=save)
+        save()
         shutil.move(str(out / "model.md"), out / "card.md")
     echo(f"fit_camera: {model} and {out / 'card.md'} (load with ckpt={model})")
     return model

@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -346,9 +347,40 @@ class FirstIterates(Dataset):
         log.info("first iterates: %d scenes from %s", len(data["names"]), self.cache)
         return data
 
-    def _compute(self) -> dict:
-        from rich.progress import Progress
+    def _parts(self) -> Path | None:
+        """The folder of the pool's finished pieces while it is computed (``<cache>.parts``), None without a cache."""
+        return None if self.cache is None else self.cache.with_name(self.cache.name + ".parts")
 
+    def _resume(self, data: dict, n: int) -> int:
+        """Fill ``data`` from the pieces a stopped computation left (``<cache>.parts/<start>.pt``, rows
+        start…start+len); returns the number of leading scenes restored (0: start afresh, stale pieces removed)."""
+        parts = self._parts()
+        if parts is None or not parts.is_dir():
+            return 0
+        done, key = 0, self._key()
+        for f in sorted(parts.glob("*.pt"), key=lambda f: int(f.stem) if f.stem.isdigit() else -1):
+            try:
+                piece = torch.load(f, map_location="cpu", weights_only=True)
+            except Exception:  # a foreign file (pieces are written atomically): what came before it stands
+                break
+            if piece.get("key") != key or piece.get("start") != done or piece.get("count") != n:
+                break
+            rows = len(piece["names"])
+            for k, v in piece["rows"].items():
+                if k not in data:
+                    data[k] = torch.empty((n, *v.shape[1:]), dtype=v.dtype)
+                data[k][done:done + rows] = v
+            data["names"].extend(piece["names"])
+            done += rows
+        if done == 0:
+            shutil.rmtree(parts, ignore_errors=True)
+        else:
+            log.info("first iterates: %d/%d scenes restored from %s", done, n, parts)
+        return done
+
+    def _compute(self) -> dict:
+        """Run the solver on every scene; with a cache, the finished scenes are saved in pieces of about a tenth as
+        it goes (``<cache>.parts``), so that a run stopped at any moment continues where it was."""
         from cassi.io import write_text_atomic
 
         solver = build_solver(self.solver_spec)
@@ -356,17 +388,38 @@ class FirstIterates(Dataset):
         if callable(getattr(self.cubes, "set_epoch", None)):
             self.cubes.set_epoch(0)  # the scenes are drawn once
         data: dict = {"names": []}  # filled in place: (N, …) tensors allocated at the first scene, no second copy
+        start, parts = self._resume(data, n), self._parts()
+        try:
+            self._solve_all(solver, data, start, n)
+        except Exception:  # an error (not a stop: Ctrl-C or a kill keep the pieces): nothing half-written stays
+            if parts is not None:
+                shutil.rmtree(parts, ignore_errors=True)
+            raise
+        data["key"] = self._key()
+        if self.cache is not None:
+            self.cache.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.cache, lambda tmp: torch.save(data, tmp))
+            shutil.rmtree(parts, ignore_errors=True)
+        return data
+
+    def _solve_all(self, solver, data: dict, start: int, n: int) -> None:
+        """Scenes start…n−1 into ``data`` (rows allocated at the first), a piece saved every tenth."""
+        from rich.progress import Progress
+
+        from cassi.io import write_text_atomic
+
+        parts, every, piece_start = self._parts(), max(1, n // 10), start
         t0 = time.monotonic()
         with Progress(transient=False) as bar, torch.no_grad():
-            task = bar.add_task(f"first iterates ({type(solver).__name__}) of {n} scenes", total=n)
-            for i in range(n):
+            task = bar.add_task(f"first iterates ({type(solver).__name__}) of {n} scenes", total=n, completed=start)
+            for i in range(start, n):
                 item = self.cubes[i]
                 x = item["x"][None].float()
                 if self._too_small(x):  # before the solver runs
                     raise ValueError(f"patch_size {self.patch} is larger than the scenes ({x.shape[-2]}×{x.shape[-1]})")
                 gen = torch.Generator().manual_seed(stable_seed(self.seed, "first-iterates", i, item.get("name", "")))
                 batch = self.simulator({"x": x}, generator=gen, training=True)
-                if i and (x.shape[1:] != data["x"].shape[1:] or batch["mask"].shape[1:] != data["mask"].shape[1:]):
+                if "x" in data and (x.shape[1:] != data["x"].shape[1:] or batch["mask"].shape[1:] != data["mask"].shape[1:]):
                     raise ValueError(f"FirstIterates needs scenes of one size (give cubes a patch_size or crop_to): "
                                      f"scene {i} ({item.get('name', i)}) is {tuple(x.shape[1:])} with a mask "
                                      f"{tuple(batch['mask'].shape[1:])}, scene 0 {tuple(data['x'].shape[1:])} with "
@@ -377,18 +430,19 @@ class FirstIterates(Dataset):
                 row = {"x": x.half(), "x0": x0.half(), "r": op.pinv(batch["y"] - op(x0)).half(),
                        "y": batch["y"].float(), "mask": batch["mask"].float(), "scale": _scale(x0)}
                 for k, v in row.items():
-                    if i == 0:
+                    if k not in data:
                         data[k] = torch.empty((n, *v.shape[1:]), dtype=v.dtype)
                     data[k][i] = v[0]
                 data["names"].append(str(item.get("name", i)))
                 bar.advance(task)
-                if not bar.console.is_terminal and (i + 1) % max(1, n // 10) == 0:  # a log file: 10 lines
+                if parts is not None and i + 1 < n and (i + 1 - piece_start >= every):  # a piece: rows piece_start…i
+                    parts.mkdir(parents=True, exist_ok=True)
+                    piece = {"key": self._key(), "start": piece_start, "count": n, "names": data["names"][piece_start:],
+                             "rows": {k: v[piece_start:i + 1].clone() for k, v in data.items() if k != "names"}}
+                    write_text_atomic(parts / f"{piece_start}.pt", lambda tmp: torch.save(piece, tmp))
+                    piece_start = i + 1
+                if not bar.console.is_terminal and (i + 1) % every == 0:  # a log file: 10 lines
                     log.info("first iterates: %d/%d scenes, %.1f min", i + 1, n, (time.monotonic() - t0) / 60)
-        data["key"] = self._key()
-        if self.cache is not None:
-            self.cache.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.cache, lambda tmp: torch.save(data, tmp))
-        return data
 
     def _too_small(self, x: torch.Tensor) -> bool:
         """True when the scenes x (…, H, W) are smaller than a window."""
