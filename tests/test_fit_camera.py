@@ -55,8 +55,16 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     def fake(script, overrides, log, tick=None):
         get = dict(o.split("=", 1) for o in overrides if "=" in o)
         runs.append((script, get))
-        for minutes in (10, 10, 10):  # 30 minutes in all, booked every 10
+        if script == "train.py":  # what a run writes: the pool's count, then a validation per epoch
+            run = Path(get["hydra.run.dir"])
+            (run / "logs" / "version_0").mkdir(parents=True, exist_ok=True)
+            log.write_text("[…][cassi.models.refine][INFO] - first iterates: 76/768 scenes, 3.4 min\n")
+        for k, minutes in enumerate((10, 10, 10)):  # 30 minutes in all, booked every 10
             now[0] += 60 * minutes
+            if script == "train.py" and k:
+                with open(run / "logs" / "version_0" / "metrics.csv", "a") as f:
+                    f.write("epoch,step,time/wall_min,val/psnr\n" if k == 1 else "")
+                    f.write(f"{k - 1},{1024 * k - 1},{10.0 * k},{30 + k}\n")
             tick()
             if script == "train.py" and "stage2" in get["hydra.run.dir"] and len(runs) == 2:
                 raise KeyboardInterrupt  # stopped 10 minutes into stage 2
@@ -70,8 +78,13 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     monkeypatch.setattr(fit_module, "_run", fake)
     out = tmp_path / "fit"
     _, (stage1, _) = plan(1, noiseless=True)
+    said = []
     with pytest.raises(KeyboardInterrupt):
-        fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, echo=lambda *a: None)
+        fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, echo=said.append)
+    # progress: the pool's count, then each validation, once each
+    assert said[2:5] == ["  stage1: GAP-TV pool 76/768 scenes, 3.4 min",
+                         "  stage1: step 1023, 10.0 min: validation 31.00 dB (best 31.00)",
+                         "  stage1: step 2047, 20.0 min: validation 32.00 dB (best 32.00)"], said
     state = json.loads((out / "plan.json").read_text())
     assert state["spent_min"] == pytest.approx(40)  # stage 1's 30 and stage 2's first 10, kept across the stop
     assert runs[0][1]["trainer.max_time"] == f"00:00:{int(stage1.minutes):02d}:{round(stage1.minutes % 1 * 60):02d}"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cassi.io import write_text_atomic
 
-__all__ = ["Phase", "plan", "fit_camera"]
+__all__ = ["Phase", "plan", "progress", "fit_camera"]
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 SCENE_S = 1.5  # s for GAP-TV (120 iterations) on one 256² pool scene at two threads: 1.3–1.5 measured (31 bands)
@@ -92,6 +92,31 @@ def _run(script: str, overrides: list[str], log: Path, tick=None) -> None:
         raise RuntimeError(f"{script} failed (exit {code}); its log: {log}\n{tail}")
 
 
+def progress(run: Path) -> str | None:
+    """One line on how a phase's run in ``run`` stands, from what it wrote: the pool's last count in its console
+    log, then its newest validation (``logs/version_*/metrics.csv``); None before either."""
+    import csv
+    import re
+
+    line = None
+    log = run / "console.log"
+    if log.is_file():
+        counts = re.findall(r"first iterates: (\d+/\d+) scenes, ([\d.]+) min", log.read_text(errors="replace"))
+        if counts:
+            line = f"GAP-TV pool {counts[-1][0]} scenes, {counts[-1][1]} min"
+    tables = sorted(run.glob("logs/version_*/metrics.csv"), key=os.path.getmtime)
+    rows = []
+    for table in tables:
+        with open(table, newline="") as f:
+            rows += [r for r in csv.DictReader(f) if r.get("val/psnr")]
+    if rows:
+        best = max(float(r["val/psnr"]) for r in rows)
+        wall = next((r["time/wall_min"] for r in reversed(rows) if r.get("time/wall_min")), None)
+        line = (f"step {rows[-1]['step']}{f', {float(wall):.1f} min' if wall else ''}: validation "
+                f"{float(rows[-1]['val/psnr']):.2f} dB (best {best:.2f})")
+    return line
+
+
 def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.0, noiseless: bool = True,
                recipe: list[str] | None = None, pool: int | None = None, init: str | None = None,
                echo=print) -> Path:
@@ -114,7 +139,13 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     state.setdefault("minutes", {})  # each phase's training time, fixed when it first starts (a resume keeps it)
     clock = [time.monotonic()]
 
-    def save(book: bool = True) -> None:  # the time since the last booking counts as spent, kept across kills
+    shown = [None]
+
+    def save(book: bool = True, run: Path | None = None) -> None:
+        """Book the time since the last booking as spent (kept across kills); echo the run's progress if new."""
+        if run is not None and (line := progress(run)) and line != shown[0]:
+            shown[0] = line
+            echo(f"  {run.name}: {line}")
         now = time.monotonic()
         if book:
             state["spent_min"] += (now - clock[0]) / 60
@@ -153,7 +184,7 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
                      *[o for o in recipe or [] if not o.startswith(CARD_KEYS)]]
         echo(f"  {phase.name}: training for up to {left:.1f} min{' (resumed)' if last.is_file() else ''}; "
              f"log {run / 'console.log'}")
-        _run("train.py", overrides, run / "console.log", tick=save)  # train.log: Hydra's own
+        _run("train.py", overrides, run / "console.log", tick=lambda: save(run=run))  # train.log: Hydra's own
         save()
         previous = _best(run)
         if previous is None:
