@@ -44,9 +44,9 @@ def test_plan_follows_the_budget():
         plan(0, True)
 
 
-def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path, monkeypatch):
-    """The phases' runs replaced by a fake on a fake clock: stage 1 (pool included) overruns its plan; stage 2 is
-    stopped half-way (Ctrl-C) and continued with the time it was given."""
+def fake_runs(monkeypatch, stage1_minutes=30):
+    """The phases' runs replaced by a fake on a fake clock: stage 1 (pool included) takes ``stage1_minutes``, every
+    other run 30; the first run of stage 2 is stopped (Ctrl-C) after 10. Returns the runs' list (script, overrides)."""
     import cassi.lightning.fit as fit_module
 
     now, runs = [0.0], []
@@ -59,7 +59,8 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
             run = Path(get["hydra.run.dir"])
             (run / "logs" / "version_0").mkdir(parents=True, exist_ok=True)
             log.write_text("[…][cassi.models.refine][INFO] - first iterates: 76/768 scenes, 3.4 min\n")
-        for k, minutes in enumerate((10, 10, 10)):  # 30 minutes in all, booked every 10
+        first = len(runs) == 1
+        for k, minutes in enumerate((10, 10, stage1_minutes - 20 if first else 10)):  # booked at each step
             now[0] += 60 * minutes
             if script == "train.py" and k:
                 with open(run / "logs" / "version_0" / "metrics.csv", "a") as f:
@@ -76,6 +77,15 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
             (Path(get["out_dir"]) / "model.ckpt").write_bytes(b"")
 
     monkeypatch.setattr(fit_module, "_run", fake)
+    return runs
+
+
+def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path, monkeypatch):
+    """Stage 1 (pool included) overruns its plan; stage 2 is stopped half-way and continued with the time it was
+    given."""
+    import cassi.lightning.fit as fit_module
+
+    runs = fake_runs(monkeypatch)
     out = tmp_path / "fit"
     _, (stage1, _) = plan(1, noiseless=True)
     said = []
@@ -94,6 +104,61 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     assert runs[2][1]["trainer.max_time"] == "00:00:24:00"  # resumed with the time it was given
     assert runs[3][0] == "model_card.py" and (out / "card.md").read_text() == "card"
     assert json.loads((out / "plan.json").read_text())["spent_min"] == pytest.approx(100)
+
+
+def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_path, monkeypatch):
+    import cassi.lightning.fit as fit_module
+
+    runs = fake_runs(monkeypatch, stage1_minutes=50)  # 4 of stage 2's 23 planned minutes are left (a tenth: card)
+    said = []
+    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, echo=said.append)
+    assert [script for script, _ in runs] == ["train.py", "model_card.py"]
+    assert runs[1][1]["ckpt"] == str(tmp_path / "stage1" / "checkpoints" / "best-epoch000.ckpt")
+    assert any(line.startswith("  stage2: skipped, 4.0 of its planned") for line in said), said
+    assert json.loads((tmp_path / "stage2" / "done.json").read_text())["skipped"] is True
+
+
+def test_a_phase_run_survives_failing_ticks_and_ends_with_the_fit_process(tmp_path, monkeypatch):
+    import cassi.lightning.fit as fit_module
+
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "nap.py").write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                                    "time.sleep(float(sys.argv[2]))\n")
+    monkeypatch.setattr(fit_module, "SCRIPTS", scripts)
+    monkeypatch.setattr(fit_module, "TICK_S", 0.05)
+    ticks = []
+
+    def tick():
+        ticks.append(1)
+        raise ValueError("a metrics.csv cut short")
+
+    fit_module._run("nap.py", [str(tmp_path / "a.pid"), "1"], tmp_path / "a.log", tick=tick)
+    assert len(ticks) >= 3  # each failure reported, the run went on to its end
+    # the fit process killed outright (no handler of its own runs): its phase's run does not go on alone
+    code = (f"import pathlib, cassi.lightning.fit as m; m.SCRIPTS = pathlib.Path({str(scripts)!r}); "
+            f"m._run('nap.py', [{str(tmp_path / 'b.pid')!r}, '120'], pathlib.Path({str(tmp_path / 'b.log')!r}))")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "b.pid").is_file() or not (tmp_path / "b.pid").read_text():
+        assert time.monotonic() < deadline and parent.poll() is None, "the run did not start"
+        time.sleep(0.05)
+    child = int((tmp_path / "b.pid").read_text())
+    parent.kill()
+    parent.wait()
+
+    def alive(pid):
+        try:
+            return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] not in ("Z", "X")
+        except (FileNotFoundError, IndexError):
+            return False
+
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the phase's run outlived the fit process")
 
 
 def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):

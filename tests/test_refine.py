@@ -192,26 +192,33 @@ def test_cache_spares_the_solver_and_is_rebuilt_when_it_does_not_fit(tmp_path, m
     assert Counting.calls == 16
 
 
-def test_a_stopped_pool_continues_from_its_pieces_and_equals_an_unstopped_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, MemoryError, RuntimeError])
+def test_a_stopped_pool_continues_from_its_pieces_and_equals_an_unstopped_one(tmp_path, monkeypatch, stop):
     import cassi.models.refine as refine
 
-    class Stopped(Counting):  # Ctrl-C (or a kill) during the 8th scene
+    class Stopped(Counting):  # Ctrl-C, or a failure, during the 8th scene
         def __call__(self, op, y):
             if Counting.calls == 7:
-                raise KeyboardInterrupt
+                raise stop
             return super().__call__(op, y)
 
     monkeypatch.setattr(refine, "build_solver", lambda spec: Stopped())
     Counting.calls = 0
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(stop):
         pool(tmp_path, n=25).prepare()   # a piece every 2 scenes: scenes 0–5 saved, the 7th lost
     parts = tmp_path / "fi.pt.parts"
     assert sorted(int(f.stem) for f in parts.glob("*.pt")) == [0, 2, 4] and not (tmp_path / "fi.pt").exists()
+    (tmp_path / ".fi.pt.1a2b3c4d.tmp").write_bytes(b"a final write cut short by a kill")
     monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
     Counting.calls = 0
     resumed = pool(tmp_path, n=25)
     resumed.prepare()
     assert Counting.calls == 19 and not parts.exists() and (tmp_path / "fi.pt").is_file()
+    assert not list(tmp_path.glob(".fi.pt.*.tmp"))
+    parts.mkdir()  # left by a kill between the cache's write and the pieces' removal: removed when the cache is read
+    (parts / "0.pt").write_bytes(b"")
+    pool(tmp_path, n=25).prepare()
+    assert Counting.calls == 19 and not parts.exists()
     whole = pool(tmp_path / "whole", n=25)
     whole.prepare()
     for k in ("x", "x0", "r", "y", "mask", "scale"):
@@ -220,7 +227,7 @@ def test_a_stopped_pool_continues_from_its_pieces_and_equals_an_unstopped_one(tm
     # pieces of another pool (here: other masks) are not used
     monkeypatch.setattr(refine, "build_solver", lambda spec: Stopped())
     Counting.calls = 0
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(stop):
         pool(tmp_path / "other", n=25).prepare()
     monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
     Counting.calls = 0

@@ -15,16 +15,20 @@ Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
 
 A phase that finished leaves ``D/<phase>/done.json``; run the same command again after a stop and it continues:
 finished phases are kept, an unfinished training resumes from its ``last.ckpt``, an unfinished pool from its
-pieces. The time spent is booked in ``D/plan.json`` as it goes (kills included); the last training phase gets what
-the budget has left when it starts (the pool's time is an estimate), less a tenth for the card.
+pieces. The time spent is booked in ``D/plan.json`` as it goes (kills included); with two stages the second gets
+what the budget has left when it starts (the pool's time is an estimate), less a tenth for the card, and is
+skipped when that is under a fifth of its plan.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +37,9 @@ from cassi.io import write_text_atomic
 
 __all__ = ["Phase", "plan", "progress", "fit_camera"]
 
+logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+TICK_S = 30  # s between bookings of the time spent (and progress lines) while a phase runs
 SCENE_S = 1.5  # s for GAP-TV (120 iterations) on one 256² pool scene at two threads: 1.3–1.5 measured (31 bands)
 CARD_KEYS = ("validation.", "test.", "baselines.", "half=", "across_masks")  # recipe overrides for model_card.py, not train.py
 
@@ -67,25 +73,45 @@ def _best(run: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _die_with_parent() -> None:
+    """In the child, before it runs (Linux): SIGTERM when the fit process dies, however it dies (a SIGKILL too)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # another platform: a stop of the fit process alone leaves the run going
+        pass
+
+
 def _run(script: str, overrides: list[str], log: Path, tick=None) -> None:
-    """Run a script in a fresh process, its output appended to ``log``; ``tick()`` is called every 30 s while it
-    runs (fit_camera books the time spent). RuntimeError naming the log when it fails."""
+    """Run a script in a fresh process, its output appended to ``log``; ``tick()`` is called every ``TICK_S`` while
+    it runs (fit_camera books the time spent; a failing tick is reported, never fatal). The child ends with this
+    process: on Ctrl-C, SIGTERM or an error here it is stopped (SIGTERM, then SIGKILL after 10 s), on a SIGKILL of
+    this process the kernel stops it. RuntimeError naming the log when it fails."""
     cmd = [sys.executable, str(SCRIPTS / script), *overrides]
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         try:
             while True:
                 try:
-                    code = proc.wait(timeout=30)
+                    code = proc.wait(timeout=TICK_S)
                     break
                 except subprocess.TimeoutExpired:
                     if tick is not None:
-                        tick()
-        except BaseException:  # Ctrl-C or an error here: the child does not outlive us
-            proc.kill()
-            proc.wait()
+                        try:
+                            tick()
+                        except Exception as e:  # e.g. a metrics.csv being rewritten, a full disk
+                            logger.warning("fit_camera: booking or progress failed (%s); the run goes on", e)
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             raise
     if code != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
@@ -104,16 +130,19 @@ def progress(run: Path) -> str | None:
         counts = re.findall(r"first iterates: (\d+/\d+) scenes, ([\d.]+) min", log.read_text(errors="replace"))
         if counts:
             line = f"GAP-TV pool {counts[-1][0]} scenes, {counts[-1][1]} min"
-    tables = sorted(run.glob("logs/version_*/metrics.csv"), key=os.path.getmtime)
-    rows = []
-    for table in tables:
+    rows = []  # (step, wall minutes or None, validation PSNR) of every validation, resumed pieces in order
+    for table in sorted(run.glob("logs/version_*/metrics.csv"), key=os.path.getmtime):
         with open(table, newline="") as f:
-            rows += [r for r in csv.DictReader(f) if r.get("val/psnr")]
+            for r in csv.DictReader(f):
+                try:  # a row cut short while the logger rewrites its file: skipped
+                    rows.append((int(r["step"]), float(r["time/wall_min"]) if r.get("time/wall_min") else None,
+                                 float(r["val/psnr"])))
+                except (KeyError, TypeError, ValueError):
+                    continue
     if rows:
-        best = max(float(r["val/psnr"]) for r in rows)
-        wall = next((r["time/wall_min"] for r in reversed(rows) if r.get("time/wall_min")), None)
-        line = (f"step {rows[-1]['step']}{f', {float(wall):.1f} min' if wall else ''}: validation "
-                f"{float(rows[-1]['val/psnr']):.2f} dB (best {best:.2f})")
+        step, wall, psnr = rows[-1]
+        line = (f"step {step}{f', {wall:.1f} min' if wall is not None else ''}: validation {psnr:.2f} dB "
+                f"(best {max(r[2] for r in rows):.2f})")
     return line
 
 
@@ -154,6 +183,20 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
                                                  indent=1))
 
     save(book=False)
+    stop = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():  # SIGTERM (kill, a scheduler) ends the run in it too
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        return _phases(out, state, phases, size, camera_overrides, recipe, init, save, echo)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, stop)
+
+
+def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overrides: list[str], recipe, init,
+            save, echo) -> Path:
+    """fit_camera's phases in turn (those done are kept), then the card."""
+    budget_hours = state["budget_hours"]
     echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, budget {budget_hours:g} h "
          f"({state['spent_min']:.1f} min spent before) -> {out}")
     base = ["experiment=cave_tsa", "model.mask_input=true", *camera_overrides,
@@ -174,7 +217,12 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
             rest = budget_hours * 60 * 0.9 - state["spent_min"]
             state["minutes"][phase.name] = rest if phase is phases[-1] and len(phases) > 1 else phase.minutes
             save()
-        left = max(1.0, state["minutes"][phase.name])
+        left = state["minutes"][phase.name]
+        if previous is not None and left < 0.2 * phase.minutes:  # too little left for it to pay: the last one stands
+            echo(f"  {phase.name}: skipped, {max(left, 0):.1f} of its planned {phase.minutes:.1f} min are left")
+            write_text_atomic(done, json.dumps({"best": str(previous), "skipped": True}))
+            continue
+        left = max(1.0, left)
         hms = f"00:{int(left // 60):02d}:{int(left % 60):02d}:{int(round(left % 1 * 60)) % 60:02d}"
         overrides = [*base, *phase.overrides, f"hydra.run.dir={run}", f"paths.output_dir={run}",
                      f"trainer.max_time={hms}", "trainer.max_steps=-1",

@@ -345,6 +345,7 @@ class FirstIterates(Dataset):
             log.warning("first iterates: %s holds scenes smaller than patch_size %s: recomputing", self.cache, self.patch)
             return None
         log.info("first iterates: %d scenes from %s", len(data["names"]), self.cache)
+        shutil.rmtree(self._parts(), ignore_errors=True)  # a kill between the last write and the pieces' removal
         return data
 
     def _parts(self) -> Path | None:
@@ -380,7 +381,8 @@ class FirstIterates(Dataset):
 
     def _compute(self) -> dict:
         """Run the solver on every scene; with a cache, the finished scenes are saved in pieces of about a tenth as
-        it goes (``<cache>.parts``), so that a run stopped at any moment continues where it was."""
+        it goes (``<cache>.parts``), so that a run stopped at any moment continues where it was. The pieces and
+        the cache are both on disk at the end, briefly: twice the pool's size."""
         from cassi.io import write_text_atomic
 
         solver = build_solver(self.solver_spec)
@@ -388,10 +390,13 @@ class FirstIterates(Dataset):
         if callable(getattr(self.cubes, "set_epoch", None)):
             self.cubes.set_epoch(0)  # the scenes are drawn once
         data: dict = {"names": []}  # filled in place: (N, …) tensors allocated at the first scene, no second copy
+        if self.cache is not None:  # what a kill during the last write left
+            for tmp in self.cache.parent.glob(f".{self.cache.name}.*.tmp"):
+                tmp.unlink(missing_ok=True)
         start, parts = self._resume(data, n), self._parts()
         try:
             self._solve_all(solver, data, start, n)
-        except Exception:  # an error (not a stop: Ctrl-C or a kill keep the pieces): nothing half-written stays
+        except ValueError:  # bad scenes: nothing of them stays (a stop or any other failure keeps the pieces)
             if parts is not None:
                 shutil.rmtree(parts, ignore_errors=True)
             raise
