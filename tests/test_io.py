@@ -453,6 +453,27 @@ def test_write_text_atomic_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["table.md"]
 
 
+def test_remove_leftovers_removes_what_a_killed_write_of_that_file_left_and_nothing_else(tmp_path, monkeypatch):
+    from cassi.io import remove_leftovers, write_text_atomic
+
+    target = tmp_path / "pool.pt"
+
+    def killed(src, dst):  # the process dies between the write and the rename: its temporary stays
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("cassi.io.formats.os.replace", killed)
+    monkeypatch.setattr(type(target), "unlink", lambda self, missing_ok=False: None)  # no cleanup runs after a kill
+    with pytest.raises(KeyboardInterrupt):
+        write_text_atomic(target, b"half")
+    monkeypatch.undo()
+    (tmp_path / ".other.pt.1234abcd.tmp").write_text("another file's")
+    (tmp_path / "pool.pt.parts").mkdir()
+    left = [p.name for p in tmp_path.glob(".pool.pt.*.tmp")]
+    assert len(left) == 1
+    remove_leftovers(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.pt.1234abcd.tmp", "pool.pt.parts"]
+
+
 # ----------------------------------------------------------------------------- files as people have them
 
 def test_the_one_cube_beside_other_arrays_loads_without_key(tmp_path):

@@ -558,3 +558,15 @@ def test_init_weights_carries_a_refiner_to_another_camera(tmp_path, caplog):
     same = Refiner(bands=5, width=4, depth=2, solver=FAST_TV, mask_input=True)
     TrainingModule(same, partial(CASSI, bands=5, step=2), init_weights=str(path))
     assert all(torch.equal(a, b) for a, b in zip(same.state_dict().values(), old.state_dict().values()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["strided", "auto"])
+def test_the_pool_computed_on_the_gpu_equals_the_cpu_pool_and_stays_on_the_cpu(backend):
+    cpu = pool(solver=FAST_TV, backend=backend, device="cpu").scenes
+    on = pool(solver=FAST_TV, backend=backend, device=None)  # None: CUDA when there is one
+    assert on.device.type == "cuda"
+    gpu = on.scenes
+    for k in ("x", "x0", "r", "y", "mask", "scale"):
+        assert gpu[k].device.type == "cpu"
+        assert torch.allclose(gpu[k].float(), cpu[k].float(), atol=2e-3, rtol=2e-3), k

@@ -8,11 +8,11 @@ raises DataFileError naming the file; writes are atomic. Needs only torch, numpy
 """
 from cassi.io.arrays import (ArrayHeader, Cube, Measurement, check_mask_fits, load_cube, load_mask, load_measurement,
                              read_header, save_cube, save_mask, save_measurement)
-from cassi.io.formats import FORMATS, MAX_BYTES, DataFileError, write_text_atomic
+from cassi.io.formats import FORMATS, MAX_BYTES, DataFileError, remove_leftovers, write_text_atomic
 from cassi.io.spectral import CAVE_WAVELENGTHS, TSA_WAVELENGTHS, resample_bands
 
 __all__ = [
     "CAVE_WAVELENGTHS", "FORMATS", "MAX_BYTES", "TSA_WAVELENGTHS", "ArrayHeader", "Cube", "DataFileError",
     "Measurement", "check_mask_fits", "load_cube", "load_mask", "load_measurement", "read_header", "resample_bands",
-    "save_cube", "save_mask", "save_measurement", "write_text_atomic",
+    "remove_leftovers", "save_cube", "save_mask", "save_measurement", "write_text_atomic",
 ]

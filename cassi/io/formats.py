@@ -533,12 +533,18 @@ def write_array(path: str | os.PathLike, array: np.ndarray, key: str, meta: dict
     return path
 
 
+def _temporary(path: Path, tag: str) -> Path:
+    """The temporary file beside ``path`` that :func:`write_text_atomic` writes (``tag``: random, or a glob)."""
+    return path.with_name(f".{path.name}.{tag}.tmp")
+
+
 def write_text_atomic(path: str | os.PathLike, text: str | bytes | Callable[[Path], object]) -> Path:
     """Write ``text`` (or bytes, e.g. a PNG; or call ``text(tmp)``, a function writing the file it is given,
     e.g. ``lambda tmp: torch.save(obj, tmp)``) to ``path`` via a temporary file beside it and ``os.replace``:
-    readers see the old file or the whole new one; a failure leaves no temporary file."""
+    readers see the old file or the whole new one; a failure leaves no temporary file, a kill may leave one
+    (:func:`remove_leftovers`)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp = _temporary(path, secrets.token_hex(4))
     try:
         if callable(text):
             text(tmp)
@@ -548,3 +554,10 @@ def write_text_atomic(path: str | os.PathLike, text: str | bytes | Callable[[Pat
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def remove_leftovers(path: str | os.PathLike) -> None:
+    """Remove the temporary files that writes of ``path`` by :func:`write_text_atomic` left when killed."""
+    path = Path(path)
+    for tmp in path.parent.glob(_temporary(path, "*").name):
+        tmp.unlink(missing_ok=True)

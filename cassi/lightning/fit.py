@@ -166,19 +166,18 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     state.setdefault("budget_hours", budget_hours)
     state.setdefault("spent_min", 0.0)
     state.setdefault("minutes", {})  # each phase's training time, fixed when it first starts (a resume keeps it)
-    clock = [time.monotonic()]
-
-    shown = [None]
+    clock, shown = time.monotonic(), None
 
     def save(book: bool = True, run: Path | None = None) -> None:
         """Book the time since the last booking as spent (kept across kills); echo the run's progress if new."""
-        if run is not None and (line := progress(run)) and line != shown[0]:
-            shown[0] = line
+        nonlocal clock, shown
+        if run is not None and (line := progress(run)) and line != shown:
+            shown = line
             echo(f"  {run.name}: {line}")
         now = time.monotonic()
         if book:
-            state["spent_min"] += (now - clock[0]) / 60
-        clock[0] = now
+            state["spent_min"] += (now - clock) / 60
+        clock = now
         write_text_atomic(state_path, json.dumps({**state, "pool": size, "phases": [asdict(p) for p in phases]},
                                                  indent=1))
 

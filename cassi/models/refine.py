@@ -250,6 +250,8 @@ class FirstIterates(Dataset):
             stages before it come from ``init``, a trained Refiner checkpoint (``init_weights``) with at least
             stages − 1 stages: x₀, r become its (stages − 1)-th estimate and what that leaves of y.
         project: the trained Refiner's ``project`` (the earlier stages' outputs are projected alike).
+        device: where the solver (and the earlier stages) run over the scenes: None, CUDA when there is one; the
+            scenes are kept on the CPU either way (the masks and noise are drawn on the CPU: the same pool).
 
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "mask": (1|C, h, w) the
     scene's mask there, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name", "stage": ``stages`` − 1,
@@ -262,8 +264,9 @@ class FirstIterates(Dataset):
 
     def __init__(self, cubes: Dataset, simulator, solver=None, patch_size=64, samples_per_epoch: int = 1024,
                  seed: int = 0, cache: str | os.PathLike | None = None, stages: int = 1,
-                 init: str | os.PathLike | None = None, project: bool = False):
+                 init: str | os.PathLike | None = None, project: bool = False, device: str | None = None):
         self.cubes, self.simulator, self.seed, self.epoch = cubes, simulator, int(seed), 0
+        self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         self.stages, self.init, self.project = int(stages), init, bool(project)
         if self.stages < 1:
             raise ValueError(f"stages must be >= 1, got {stages!r}")
@@ -352,13 +355,13 @@ class FirstIterates(Dataset):
         """The folder of the pool's finished pieces while it is computed (``<cache>.parts``), None without a cache."""
         return None if self.cache is None else self.cache.with_name(self.cache.name + ".parts")
 
-    def _resume(self, data: dict, n: int) -> int:
+    def _resume(self, data: dict, n: int, key: dict) -> int:
         """Fill ``data`` from the pieces a stopped computation left (``<cache>.parts/<start>.pt``, rows
         start…start+len); returns the number of leading scenes restored (0: start afresh, stale pieces removed)."""
         parts = self._parts()
         if parts is None or not parts.is_dir():
             return 0
-        done, key = 0, self._key()
+        done = 0
         for f in sorted(parts.glob("*.pt"), key=lambda f: int(f.stem) if f.stem.isdigit() else -1):
             try:
                 piece = torch.load(f, map_location="cpu", weights_only=True)
@@ -383,7 +386,7 @@ class FirstIterates(Dataset):
         """Run the solver on every scene; with a cache, the finished scenes are saved in pieces of about a tenth as
         it goes (``<cache>.parts``), so that a run stopped at any moment continues where it was. The pieces and
         the cache are both on disk at the end, briefly: twice the pool's size."""
-        from cassi.io import write_text_atomic
+        from cassi.io import remove_leftovers, write_text_atomic
 
         solver = build_solver(self.solver_spec)
         n = len(self.cubes)
@@ -391,23 +394,23 @@ class FirstIterates(Dataset):
             self.cubes.set_epoch(0)  # the scenes are drawn once
         data: dict = {"names": []}  # filled in place: (N, …) tensors allocated at the first scene, no second copy
         if self.cache is not None:  # what a kill during the last write left
-            for tmp in self.cache.parent.glob(f".{self.cache.name}.*.tmp"):
-                tmp.unlink(missing_ok=True)
-        start, parts = self._resume(data, n), self._parts()
+            remove_leftovers(self.cache)
+        key = self._key()
+        start, parts = self._resume(data, n, key), self._parts()
         try:
-            self._solve_all(solver, data, start, n)
+            self._solve_all(solver, data, start, n, key)
         except ValueError:  # bad scenes: nothing of them stays (a stop or any other failure keeps the pieces)
             if parts is not None:
                 shutil.rmtree(parts, ignore_errors=True)
             raise
-        data["key"] = self._key()
+        data["key"] = key
         if self.cache is not None:
             self.cache.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.cache, lambda tmp: torch.save(data, tmp))
             shutil.rmtree(parts, ignore_errors=True)
         return data
 
-    def _solve_all(self, solver, data: dict, start: int, n: int) -> None:
+    def _solve_all(self, solver, data: dict, start: int, n: int, key: dict) -> None:
         """Scenes start…n−1 into ``data`` (rows allocated at the first), a piece saved every tenth."""
         from rich.progress import Progress
 
@@ -419,7 +422,7 @@ class FirstIterates(Dataset):
             task = bar.add_task(f"first iterates ({type(solver).__name__}) of {n} scenes", total=n, completed=start)
             for i in range(start, n):
                 item = self.cubes[i]
-                x = item["x"][None].float()
+                x = item["x"][None].float().to(self.device)
                 if self._too_small(x):  # before the solver runs
                     raise ValueError(f"patch_size {self.patch} is larger than the scenes ({x.shape[-2]}×{x.shape[-1]})")
                 gen = torch.Generator().manual_seed(stable_seed(self.seed, "first-iterates", i, item.get("name", "")))
@@ -442,7 +445,7 @@ class FirstIterates(Dataset):
                 bar.advance(task)
                 if parts is not None and i + 1 < n and (i + 1 - piece_start >= every):  # a piece: rows piece_start…i
                     parts.mkdir(parents=True, exist_ok=True)
-                    piece = {"key": self._key(), "start": piece_start, "count": n, "names": data["names"][piece_start:],
+                    piece = {"key": key, "start": piece_start, "count": n, "names": data["names"][piece_start:],
                              "rows": {k: v[piece_start:i + 1].clone() for k, v in data.items() if k != "names"}}
                     write_text_atomic(parts / f"{piece_start}.pt", lambda tmp: torch.save(piece, tmp))
                     piece_start = i + 1
@@ -459,7 +462,7 @@ class FirstIterates(Dataset):
             return data
         from cassi.models.checkpoint import load_model
 
-        model = load_model(self.init)
+        model = load_model(self.init, map_location=self.device)
         if not isinstance(model, Refiner) or model.stages < self.stages - 1:
             raise ValueError(f"init {self.init}: stage {self.stages} is trained on the output of stages "
                              f"1..{self.stages - 1} of a Refiner, but it holds {model!r}")
@@ -467,8 +470,9 @@ class FirstIterates(Dataset):
         data = dict(data, x0=data["x0"].clone(), r=data["r"].clone(), scale=data["scale"].clone())
         with torch.no_grad():
             for i in range(len(data["names"])):
-                y, op = data["y"][i:i + 1], self.simulator.operator(data["mask"][i:i + 1], data["x"].shape[1])
-                x, r = data["x0"][i:i + 1].float(), data["r"][i:i + 1].float()
+                y, mask = data["y"][i:i + 1].to(self.device), data["mask"][i:i + 1].to(self.device)
+                op = self.simulator.operator(mask, data["x"].shape[1])
+                x, r = data["x0"][i:i + 1].to(self.device).float(), data["r"][i:i + 1].to(self.device).float()
                 for k in range(self.stages - 1):
                     x, r = model.step(op, y, x, r, k)
                 data["x0"][i], data["r"][i], data["scale"][i] = x[0].half(), r[0].half(), _scale(x)[0]
