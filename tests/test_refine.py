@@ -149,6 +149,31 @@ def test_windows_of_x_x0_r_cut_and_flipped_together():
     assert not all(torch.equal(a, b) for a, b in zip(same, other))
 
 
+def test_a_pool_through_a_mixture_of_masks_is_found_again_by_a_new_process_and_not_by_another_mixture(
+        tmp_path, monkeypatch):
+    # the mixture is built anew in every process (fit_camera's stage 2, a resumed run): its sources have no
+    # identity to share, only what they draw
+    import cassi.models.refine as refine
+    from cassi.data.simulate import BlockMasks, FixedMask, MixedMasks
+
+    monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
+    mask = torch.rand(24, 24, generator=torch.Generator().manual_seed(1))
+
+    def mixed(p=0.4, m=mask):
+        sim = Simulator(MixedMasks([FixedMask(m.clone()), BlockMasks([p, 0.6], block=2)]), bands=5, step=1)
+        return FirstIterates(SyntheticCubes(3, 24, 24, bands=5, seed=3), sim, PINV, patch_size=8,
+                             cache=tmp_path / "fi.pt")
+
+    Counting.calls = 0
+    mixed().prepare()
+    mixed().prepare()
+    assert Counting.calls == 3
+    mixed(p=0.3).prepare()          # another fill range: recomputed
+    assert Counting.calls == 6
+    mixed(p=0.3, m=1 - mask).prepare()   # another mask in the mixture: recomputed
+    assert Counting.calls == 9
+
+
 def test_cache_spares_the_solver_and_is_rebuilt_when_it_does_not_fit(tmp_path, monkeypatch):
     import cassi.models.refine as refine
 
@@ -322,9 +347,13 @@ def test_more_stages_start_from_fewer_in_training(tmp_path):
     with pytest.raises(ValueError, match=r"\(width, depth\) per stage \(\[\(4, 2\)\] there, \[\(4, 3\)\] here\)"):
         TrainingModule(Refiner(bands=5, stages=2, width=4, depth=[3, 3], solver=FAST_TV), operator=None,
                        init_weights=str(path))
-    path2 = checkpoint(tmp_path / "s2.ckpt", two)
-    with pytest.raises(ValueError, match="differs from the configured one in stages"):
-        TrainingModule(Refiner(bands=5, stages=1, width=4, depth=2, solver=FAST_TV), operator=None,
+    path2 = checkpoint(tmp_path / "s2.ckpt", deeper)  # and fewer: the checkpoint's first stages
+    first = Refiner(bands=5, stages=1, width=4, depth=2, solver=FAST_TV)
+    TrainingModule(first, operator=None, init_weights=str(path2))
+    assert all(torch.equal(a, b) for a, b in zip(first.priors[0].state_dict().values(),
+                                                 deeper.priors[0].state_dict().values()))
+    with pytest.raises(ValueError, match=r"\(width, depth\) per stage \(\[\(4, 2\)\] there, \[\(6, 2\)\] here\)"):
+        TrainingModule(Refiner(bands=5, stages=1, width=6, depth=2, solver=FAST_TV), operator=None,
                        init_weights=str(path2))
 
 

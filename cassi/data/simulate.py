@@ -9,6 +9,7 @@ CPU generator gives the same masks for a CPU or a GPU batch.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Callable, Sequence
 
@@ -51,6 +52,12 @@ class _FromMask:
         if device not in self._on:
             self._on[device] = self.mask.to(device)
         return self._on[device]
+
+    def __repr__(self) -> str:
+        """What it draws, the same in every process (caches are keyed on it): the mask's size and content hash."""
+        crop = f", crop={self.crop!r}" if hasattr(self, "crop") else ""
+        digest = hashlib.blake2b(self.mask.numpy().tobytes(), digest_size=8).hexdigest()
+        return f"{type(self).__name__}(mask={'×'.join(map(str, self.mask.shape))} {digest}{crop})"
 
     def describe(self) -> dict:
         """The mask's record in a checkpoint's camera (:mod:`cassi.models.camera`): kind, fingerprint, statistics."""
@@ -109,6 +116,9 @@ class BernoulliMasks:
     def describe(self) -> dict:
         return {"kind": "bernoulli", "p": self.p if isinstance(self.p, float) else list(self.p)}
 
+    def __repr__(self) -> str:
+        return f"BernoulliMasks(p={self.p!r})"
+
     def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
         where = generator.device if generator is not None else device
         u = torch.rand((batch, 1, height, width), generator=generator, device=where)
@@ -126,6 +136,9 @@ class BlockMasks:
 
     def describe(self) -> dict:
         return {"kind": "blocks", "p": self.p if isinstance(self.p, float) else list(self.p), "block": self.block}
+
+    def __repr__(self) -> str:
+        return f"BlockMasks(p={self.p!r}, block={self.block})"
 
     def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
         where = generator.device if generator is not None else device
@@ -152,6 +165,9 @@ class MixedMasks:
         return {"kind": "mixture", "weights": self.weights,
                 "sources": [s.describe() if hasattr(s, "describe") else {"kind": type(s).__name__}
                             for s in self.sources]}
+
+    def __repr__(self) -> str:
+        return f"MixedMasks(sources={self.sources!r}, weights={self.weights!r})"
 
     def __call__(self, batch: int, height: int, width: int, device=None, generator=None) -> torch.Tensor:
         where = generator.device if generator is not None else device

@@ -114,30 +114,33 @@ class TrainingModule(ReconstructionModule):
     def _init_weights(self, model: nn.Module, config: dict, path: str) -> None:
         """Copy the weights of the checkpoint ``path`` into ``model`` (ValueError when its model differs). A
         Refiner may have more stages than the checkpoint's: its first stages start from those (stage-wise
-        training, see ``cassi.models.FirstIterates``), and another first-iterate solver, ``project`` or
+        training, see ``cassi.models.FirstIterates``), or fewer: it starts from the checkpoint's first stages;
+        and another first-iterate solver, ``project`` or
         ``flip_ensemble``; and another camera: another band count (its U-Nets' band-wise weights interpolated
         across wavelength) or dispersion axis (kernels transposed), see ``cassi.models.refine.transfer_weights``."""
         trained = load_model(path)
         model.camera = getattr(trained, "camera", None)  # kept when the run's data record none
         refiner = type(model).__name__ == "Refiner"  # its first iterate and how stages chain are not in the weights
-        ignore = {"checkpointing"} | ({"project", "solver", "flip_ensemble", "bands"} if refiner else set()) | (
-            {"stages"} if refiner and trained.config.get("stages", 1) <= config.get("stages", 1) else set())
+        ignore = {"checkpointing"} | ({"project", "solver", "flip_ensemble", "bands", "stages"} if refiner else set())
         state = trained.state_dict()
         if refiner:
             state = self._carried(trained, config["bands"], state, path)
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
-        if "stages" in ignore and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the checkpoint's
-            k = trained.config.get("stages", 1)
+        if refiner and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the stages both have
+            k_have, k_want = trained.config.get("stages", 1), config.get("stages", 1)
             for d, c in ((want, config), (have, trained.config)):
                 del d["width"], d["depth"]
-                d["(width, depth) per stage"] = stage_shapes(c)[:k]
+                d["(width, depth) per stage"] = stage_shapes(c)[:min(k_have, k_want)]
+            if k_have > k_want:  # its first stages
+                state = {n: v for n, v in state.items() if not n.startswith("priors.") or int(n.split(".")[1]) < k_want}
+                log.info(f"init_weights={path}: its first {k_want} of {k_have} stages")
         if want != have:
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             raise ValueError(f"init_weights={path}: its model differs from the configured one in "
                              + ", ".join(f"{k} ({have.get(k)!r} there, {want.get(k)!r} here)" for k in diff))
         missing = model.load_state_dict(state, strict=False).missing_keys
-        if missing and "stages" not in ignore:
+        if missing and not (refiner and trained.config.get("stages", 1) < config.get("stages", 1)):
             raise ValueError(f"init_weights={path}: no weights for {missing[:3]}")
 
     def _carried(self, trained: nn.Module, bands: int, state: dict, path: str) -> dict:

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# pretrained/cave_any's two stages trained further on one GPU, in one call (about 9 minutes): the fit_camera recipe for
+# camera=many (its stage 1, then both U-Nets together on the same GAP-TV pool), with a larger batch for the GPU.
+# Prepared here (the GPU machine sees neither ../shared nor PyPI; .gpu/ is git-ignored and carried):
+#   .gpu/site          hydra, omegaconf, antlr4 (pure Python, copied from .venv)
+#   .gpu/shared.npz    python benchmarks/gpu_fit/pack_shared.py pack ../shared/data .gpu/shared.npz
+# Run:  bash benchmarks/gpu_fit/run.sh   (env: S1 stage-1 seconds, END the whole run's seconds, S2 a cap on stage 2's, POOL, B batch,
+#       ACCEL, INIT; results in $OUT or ./gpu_out: each stage's best as weights only, metrics, logs)
+set -u
+T0=$(date +%s)
+S1=${S1:-150}; END=${END:-520}; POOL=${POOL:-768}; B=${B:-32}; ACCEL=${ACCEL:-gpu}; INIT=${INIT:-pretrained/cave_any}
+OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
+R=${GPU_FIT_ROOT:-/tmp/gpu_fit}; rm -rf "$R"; mkdir -p "$R"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH} CASSI_SHARED_DATA=$R/shared
+PY=${PYTHON:-python3}
+log() { echo "[$(date +%T) +$(($(date +%s) - T0))s] $*" | tee -a "$OUT/log.txt"; }
+hms() { printf "00:00:%02d:%02d" $(($1 / 60)) $(($1 % 60)); }  # Lightning's DD:HH:MM:SS
+{ nvidia-smi -L; $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"; } 2>&1 | tee -a "$OUT/log.txt"
+
+log "1. data"
+$PY benchmarks/gpu_fit/pack_shared.py unpack .gpu/shared.npz "$R/shared" 2>&1 | tee -a "$OUT/log.txt"
+
+COMMON=(experiment=cave_tsa model.mask_input=true camera=many "data.train.cubes.samples_per_epoch=$POOL"
+  data.train.cubes.spectral_shift=10 data.train.cubes.spectral_stretch=0.05 test=false data.test=null callbacks.progress=null
+  model.project=false trainer.max_steps=-1 "trainer.accelerator=$ACCEL" "data.batch_size=$B"
+  "data.train.samples_per_epoch=$((1024 * B))" "data.num_workers=${WORKERS:-6}" ${ARGS:-})
+stage() {  # name seconds overrides...
+  local name=$1 secs=$2; shift 2
+  log "$name: training for $secs s"
+  timeout $((secs + 200)) $PY scripts/train.py "${COMMON[@]}" "$@" "hydra.run.dir=$R/$name" "paths.output_dir=$R/$name" \
+    "trainer.max_time=$(hms "$secs")" > "$R/$name.log" 2>&1
+  log "$name: exit $?"
+  grep -E "first iterates|Error|error|best val" "$R/$name.log" | tail -8 | tee -a "$OUT/log.txt"
+  cp "$R/$name/logs/version_0/metrics.csv" "$OUT/$name.metrics.csv" 2>/dev/null
+  tail -c 20000 "$R/$name.log" > "$OUT/$name.log"
+  BEST=$(ls -t "$R/$name"/checkpoints/best-*.ckpt 2>/dev/null | head -1)
+  [ -n "$BEST" ] && $PY -c "import sys; from cassi.models.checkpoint import export_weights as e; e(sys.argv[1], sys.argv[2])" \
+    "$BEST" "$OUT/$name.ckpt" && log "$name: best $(basename "$BEST") -> $OUT/$name.ckpt"
+}
+
+stage stage1 "$S1" "init_weights=$INIT"
+if [ -n "${BEST:-}" ]; then
+  LEFT=$((END - ($(date +%s) - T0) - 50)); [ -n "${S2:-}" ] && [ "$S2" -lt "$LEFT" ] && LEFT=$S2
+  [ "$LEFT" -ge 60 ] && stage stage2 "$LEFT" "init_weights=$BEST" model.stages=2 data.train.stages=1 "data.train.cache=$R/stage1/first_iterates.pt"
+fi
+log "3. tests on the device"
+timeout 60 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_refine.py 2>&1 | tail -4 | tee -a "$OUT/log.txt"
+log done
