@@ -4,7 +4,7 @@ wall-clock budget and resumable at any moment.
 Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
 
 1. ``stage1``: GAP-TV corrected by one residual U-Net (``model=refiner``), started from ``init`` (by default
-   ``pretrained/cave_any``, carried to the camera's bands and dispersion axis: ``transfer_weights``), that also reads the mask
+   ``pretrained/cave_any``'s first U-Net, carried to the camera's bands and dispersion axis: ``transfer_weights``), that also reads the mask
    (``model.mask_input``: +0.28 dB on the validation windows of a held-out camera at 0.5 h), trained on windows of
    a pool of GAP-TV reconstructions of training crops measured through the camera (relit, shaded, spectrally
    shifted/stretched), each stage projected onto y when the camera is noiseless; the checkpoint is chosen on validation windows.
