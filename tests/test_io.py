@@ -466,12 +466,14 @@ def test_remove_leftovers_removes_what_a_killed_write_of_that_file_left_and_noth
     with pytest.raises(KeyboardInterrupt):
         write_text_atomic(target, b"half")
     monkeypatch.undo()
-    (tmp_path / ".other.pt.1234abcd.tmp").write_text("another file's")
-    (tmp_path / "pool.pt.parts").mkdir()
-    left = [p.name for p in tmp_path.glob(".pool.pt.*.tmp")]
-    assert len(left) == 1
+    others = [".other.pt.1234abcd.tmp", ".pool.pt.bak.1234abcd.tmp", "pool.pt.parts"]  # another file's, a prefix's
+    (tmp_path / others[0]).write_text("another file's")
+    (tmp_path / others[1]).write_text("pool.pt.bak's")
+    (tmp_path / others[2]).mkdir()
+    assert len(list(tmp_path.iterdir())) == 4  # the killed write's temporary, and the others
     remove_leftovers(target)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.pt.1234abcd.tmp", "pool.pt.parts"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == others
+    remove_leftovers(tmp_path / "gone" / "x.pt")  # no folder: nothing to do
 
 
 # ----------------------------------------------------------------------------- files as people have them

@@ -165,8 +165,10 @@ def test_a_pool_through_a_mixture_of_masks_is_found_again_by_a_new_process_and_n
                              cache=tmp_path / "fi.pt")
 
     Counting.calls = 0
-    mixed().prepare()
-    mixed().prepare()
+    a, b = mixed(), mixed()  # both alive: no address can be shared
+    assert a._key() == b._key() and "object at" not in str(a._key())
+    a.prepare()
+    b.prepare()
     assert Counting.calls == 3
     mixed(p=0.3).prepare()          # another fill range: recomputed
     assert Counting.calls == 6

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# pretrained/cave_any's two stages trained further on one GPU, in one call (about 9 minutes): the fit_camera recipe for
-# camera=many (its stage 1, then both U-Nets together on the same GAP-TV pool), with a larger batch for the GPU.
+# cave_any trained further on one GPU, in one call (about 9 minutes): the fit_camera recipe for camera=many, its U-Net
+# (stage 1), then a second one grown on it and both trained together on the same GAP-TV pool, at a larger batch.
+# The shipped two-U-Net pretrained/cave_any came from this script run on the one-U-Net cave_any of then (its card).
 # Prepared here (the GPU machine sees neither ../shared nor PyPI; .gpu/ is git-ignored and carried):
 #   .gpu/site          hydra, omegaconf, antlr4 (pure Python, copied from .venv)
 #   .gpu/shared.npz    python benchmarks/gpu_fit/pack_shared.py pack ../shared/data .gpu/shared.npz
-# Run:  bash benchmarks/gpu_fit/run.sh   (env: S1 stage-1 seconds, END the whole run's seconds, S2 a cap on stage 2's, POOL, B batch,
-#       ACCEL, INIT; results in $OUT or ./gpu_out: each stage's best as weights only, metrics, logs)
+# Run:  bash benchmarks/gpu_fit/run.sh   (env: S1 stage 1's seconds, END the whole run's, S2 a cap on stage 2's,
+#       POOL scenes, B batch, ACCEL, INIT stage 1's start: default pretrained/cave_any, its first U-Net;
+#       results in $OUT or ./gpu_out: each stage's best as weights only, metrics, logs)
 set -u
 T0=$(date +%s)
 S1=${S1:-150}; END=${END:-520}; POOL=${POOL:-768}; B=${B:-32}; ACCEL=${ACCEL:-gpu}; INIT=${INIT:-pretrained/cave_any}

@@ -533,9 +533,9 @@ def write_array(path: str | os.PathLike, array: np.ndarray, key: str, meta: dict
     return path
 
 
-def _temporary(path: Path, tag: str) -> Path:
-    """The temporary file beside ``path`` that :func:`write_text_atomic` writes (``tag``: random, or a glob)."""
-    return path.with_name(f".{path.name}.{tag}.tmp")
+def _temporary(path: Path) -> Path:
+    """A fresh name for the temporary file beside ``path`` that :func:`write_text_atomic` writes."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
 
 
 def write_text_atomic(path: str | os.PathLike, text: str | bytes | Callable[[Path], object]) -> Path:
@@ -544,7 +544,7 @@ def write_text_atomic(path: str | os.PathLike, text: str | bytes | Callable[[Pat
     readers see the old file or the whole new one; a failure leaves no temporary file, a kill may leave one
     (:func:`remove_leftovers`)."""
     path = Path(path)
-    tmp = _temporary(path, secrets.token_hex(4))
+    tmp = _temporary(path)
     try:
         if callable(text):
             text(tmp)
@@ -559,5 +559,7 @@ def write_text_atomic(path: str | os.PathLike, text: str | bytes | Callable[[Pat
 def remove_leftovers(path: str | os.PathLike) -> None:
     """Remove the temporary files that writes of ``path`` by :func:`write_text_atomic` left when killed."""
     path = Path(path)
-    for tmp in path.parent.glob(_temporary(path, "*").name):
-        tmp.unlink(missing_ok=True)
+    mine = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp")  # _temporary's names, no other file's
+    for tmp in path.parent.iterdir() if path.parent.is_dir() else ():
+        if mine.fullmatch(tmp.name):
+            tmp.unlink(missing_ok=True)

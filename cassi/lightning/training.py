@@ -140,7 +140,10 @@ class TrainingModule(ReconstructionModule):
             raise ValueError(f"init_weights={path}: its model differs from the configured one in "
                              + ", ".join(f"{k} ({have.get(k)!r} there, {want.get(k)!r} here)" for k in diff))
         missing = model.load_state_dict(state, strict=False).missing_keys
-        if missing and not (refiner and trained.config.get("stages", 1) < config.get("stages", 1)):
+        if refiner:  # the stages the checkpoint lacks start fresh; every other weight must come from it
+            k_have = trained.config.get("stages", 1)
+            missing = [m for m in missing if not (m.startswith("priors.") and int(m.split(".")[1]) >= k_have)]
+        if missing:
             raise ValueError(f"init_weights={path}: no weights for {missing[:3]}")
 
     def _carried(self, trained: nn.Module, bands: int, state: dict, path: str) -> dict:

@@ -251,7 +251,8 @@ class FirstIterates(Dataset):
             stages − 1 stages: x₀, r become its (stages − 1)-th estimate and what that leaves of y.
         project: the trained Refiner's ``project`` (the earlier stages' outputs are projected alike).
         device: where the solver (and the earlier stages) run over the scenes: None, CUDA when there is one; the
-            scenes are kept on the CPU either way (the masks and noise are drawn on the CPU: the same pool).
+            scenes are kept on the CPU either way (the masks and noise are drawn on the CPU: the same masks, the
+            noise equal up to the rounding of y).
 
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "mask": (1|C, h, w) the
     scene's mask there, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name", "stage": ``stages`` − 1,
