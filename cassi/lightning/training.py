@@ -122,13 +122,13 @@ class TrainingModule(ReconstructionModule):
         model.camera = getattr(trained, "camera", None)  # kept when the run's data record none
         refiner = type(model).__name__ == "Refiner"  # its first iterate and how stages chain are not in the weights
         ignore = {"checkpointing"} | ({"project", "solver", "flip_ensemble", "bands", "stages"} if refiner else set())
+        k_have, k_want = trained.config.get("stages", 1), config.get("stages", 1)  # a Refiner's stages there, here
         state = trained.state_dict()
         if refiner:
             state = self._carried(trained, config["bands"], state, path)
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
         if refiner and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the stages both have
-            k_have, k_want = trained.config.get("stages", 1), config.get("stages", 1)
             for d, c in ((want, config), (have, trained.config)):
                 del d["width"], d["depth"]
                 d["(width, depth) per stage"] = stage_shapes(c)[:min(k_have, k_want)]
@@ -141,7 +141,6 @@ class TrainingModule(ReconstructionModule):
                              + ", ".join(f"{k} ({have.get(k)!r} there, {want.get(k)!r} here)" for k in diff))
         missing = model.load_state_dict(state, strict=False).missing_keys
         if refiner:  # the stages the checkpoint lacks start fresh; every other weight must come from it
-            k_have = trained.config.get("stages", 1)
             missing = [m for m in missing if not (m.startswith("priors.") and int(m.split(".")[1]) >= k_have)]
         if missing:
             raise ValueError(f"init_weights={path}: no weights for {missing[:3]}")
