@@ -14,11 +14,13 @@ from cassi.lightning.fit import plan
 from cassi.models import Refiner, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-# a tiny fit: 3 pool scenes, 8 windows of 32² per epoch (2 steps), 6 steps, a width-4 U-Net, 64² validation/test crops
+# a tiny fit: 3 pool scenes, 8 windows of 32² per epoch (2 steps), 6 steps, a width-4 U-Net, 64² validation/test crops,
+# the card's GAP-TV at 5 iterations
 TINY = ('recipe=["data.train.cubes.samples_per_epoch=3","data.train.cubes.patch_size=64","data.train.patch_size=32",'
         '"data.train.samples_per_epoch=8","data.batch_size=4","data.val.crop_to=64","model.solver.iters=5",'
         '"model.width=4","model.depth=2","trainer.max_steps=6","trainer.log_every_n_steps=1",'
-        '"validation.test.crop_to=64","baselines.gap_tv.iters=5","half=false"]')
+        '"validation.test.crop_to=64","test.test.crop_to=64","baselines.gap_tv.iters=5","masks_baseline.iters=5",'
+        '"half=false"]')
 
 
 def fit(out, *extra, wait=True, init="null"):
