@@ -3,7 +3,8 @@ time per scene, training steps and CPU-hours (in all, over the ``init_weights=``
 and its last piece's), geometry; plus its reference output on a small fixed input
 (``cassi.models.reference_input``) that the tests compare with. With ``ship=true`` the weights go to
 ``cassi/pretrained/<name>.ckpt`` (loadable as ``pretrained/<name>`` everywhere a checkpoint is accepted).
-``measure=across_masks`` on a shipped model measures only the card's table across masks, and sets it in the card
+A Refiner trained without projecting its stages onto y is scored projected too (``project=auto``), and shipped
+projected when that raises its validation PSNR. ``measure=across_masks`` on a shipped model measures only the card's table across masks, and sets it in the card
 and the weights' record; the rest of the card is kept.
 
     python scripts/model_card.py ckpt=runs/cave_tsa/checkpoints/best-epoch010-step2816.ckpt name=cave_tsa ship=true
@@ -36,6 +37,10 @@ def score(cfg, reconstructor, operator, split: str) -> list[dict]:
         return table.rows
 
 
+def mean_psnr(rows: list[dict]) -> float:
+    return sum(r["psnr"] for r in rows) / len(rows)
+
+
 def across_masks(cfg, model, gap_tv, operator) -> list[dict]:
     """The card's rows across masks: the model and GAP-TV on the test scenes through each of ``cfg.across_masks``
     (label: camera keys over the model's camera), mean PSNR and gain, with the mask's record (what
@@ -53,7 +58,7 @@ def across_masks(cfg, model, gap_tv, operator) -> list[dict]:
             spec["masks"] = "crops"
         record = Camera(**spec).sources()[0].describe()
         ours, theirs = (score(c, rec, operator, "test") for rec in (model, gap_tv))
-        psnr, base = (sum(r["psnr"] for r in rs) / len(rs) for rs in (ours, theirs))
+        psnr, base = mean_psnr(ours), mean_psnr(theirs)
         rows.append({"label": str(label), "masks": record, "psnr": psnr, "gap_tv": base, "gain": psnr - base})
         print(f"across masks: {label}: {psnr:.2f} dB against GAP-TV's {base:.2f} ({psnr - base:+.2f})")
     return rows
@@ -80,13 +85,30 @@ def main(cfg: DictConfig) -> None:
         write_text_atomic(card, masks_section(card.read_text(), measured))
         print(f"wrote the table across masks into {card} and {weights}")
         return
+    if str(cfg.project) not in ("auto", "True", "False"):
+        sys.exit(f"error: project must be true, false or auto, got {cfg.project!r}")
     methods = {"A⁺y": instantiate(cfg.baselines.pinv), "GAP-TV": instantiate(cfg.baselines.gap_tv), cfg.name: model}
     results = {split: {label: score(cfg, rec, operator, split) for label, rec in methods.items()}
                for split in ("validation", "test")}
+    config = {}  # model settings chosen here, stored with the shipped weights
+    if getattr(model, "project", True) is False and cfg.project in ("auto", True):
+        model.project = True  # each stage's output projected onto {A x = y} at inference
+        rows = score(cfg, model, operator, "validation")
+        gain = mean_psnr(rows) - mean_psnr(results["validation"][cfg.name])
+        keep = cfg.project is True or gain > 0
+        print(f"stages projected onto y at inference: validation PSNR {gain:+.3f} dB -> "
+              f"{'projected' if keep else 'as trained'}")
+        model.project = keep
+        if keep:
+            config["project"] = True
+            model.config = {**model.config, **config}
+            results["validation"][cfg.name] = rows
+            results["test"][cfg.name] = score(cfg, model, operator, "test")
     half = cfg.half
     if half == "auto":  # float16 storage only if the validation PSNR stays within 0.05 dB of float32
         with tempfile.TemporaryDirectory() as tmp:
-            fp16 = load_model(export_weights(cfg.ckpt, Path(tmp) / "half.ckpt", half=True), operator=operator)
+            fp16 = load_model(export_weights(cfg.ckpt, Path(tmp) / "half.ckpt", half=True, config=config),
+                              operator=operator)
         rows = score(cfg, fp16, operator, "validation")
         gap = max(abs(a["psnr"] - b["psnr"]) for a, b in zip(rows, results["validation"][cfg.name]))
         half = gap <= 0.05
@@ -96,7 +118,8 @@ def main(cfg: DictConfig) -> None:
         model.camera = {**(model.camera or {}), "measured": measured}
     if cfg.ship:
         out.mkdir(parents=True, exist_ok=True)
-        weights = export_weights(cfg.ckpt, out / f"{cfg.name}.ckpt", half=bool(half), measured=measured)
+        weights = export_weights(cfg.ckpt, out / f"{cfg.name}.ckpt", half=bool(half), measured=measured,
+                                 config=config)
         shipped = load_model(weights)
         x, op = reference_input(shipped)
         buf = io.BytesIO()

@@ -1,6 +1,7 @@
 """scripts/fit_camera.py: one command fits a model to a camera; killed, it continues where it stopped."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -199,6 +200,10 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     model = load_model(out / "model.ckpt")
     assert type(model).__name__ == "Refiner" and model.stages == 2 and model.mask_input  # its U-Nets read the mask
     assert model.camera["noise"].startswith("ShotNoise(photons=3000")
+    # trained unprojected (a noisy camera): the card scored it projected onto y too and kept the better on validation
+    gain = float(re.search(r"stages projected onto y at inference: validation PSNR ([-+.\d]+) dB",
+                           (out / "card.log").read_text()).group(1))
+    assert model.project is (gain > 0) and model.config["project"] is (gain > 0)
     assert torch.load(last, weights_only=True)["global_step"] == 6  # the run went on to its end after the kill
     card = (out / "card.md").read_text()
     assert "GAP-TV" in card and "model" in card and "| cave_sponges_y0x0 |" in card  # the validation windows

@@ -194,6 +194,23 @@ def fake_checkpoint(path, model, geometry=None):
     return path
 
 
+def test_export_weights_with_a_setting_chosen_by_the_card(tmp_path):
+    """config={"project": True}: the shipped Refiner projects its stages onto y, the same weights otherwise."""
+    from cassi.models import Refiner, export_weights
+
+    op, x = random_op(1, 5, 16, 16)
+    torch.manual_seed(0)
+    model = Refiner(bands=5, width=4, depth=2, solver={"_target_": "cassi.solvers.GAPTV", "iters": 3}).eval()
+    path = fake_checkpoint(tmp_path / "full.ckpt", model, {"offsets": op.offsets, "axis": "w", "bands": 5})
+    loaded = load_model(export_weights(path, tmp_path / "w.ckpt", config={"project": True}))
+    assert loaded.project and loaded.config["project"] and not model.project
+    with torch.no_grad():
+        out, plain = loaded(op, y := op(x)), model(op, y)
+        model.project = True
+        assert torch.equal(out, model(op, y)) and not torch.allclose(out, plain)
+    assert torch.allclose(op(out), y, atol=1e-4)  # consistent with the measurement
+
+
 def test_load_model_from_path_alone(tmp_path):
     op, x = random_op(2, 5, 12, 12)
     model = tiny_dauhst(5).eval()

@@ -98,14 +98,16 @@ def training_time(ckpt: dict) -> dict:
     return {k: float(state[k]) for k in ("cpu_min", "wall_min") if k in state}
 
 
-def export_weights(path, out, half: bool = False, measured: list[dict] | None = None) -> Path:
+def export_weights(path, out, half: bool = False, measured: list[dict] | None = None,
+                   config: dict | None = None) -> Path:
     """Write the weights-only checkpoint of a training checkpoint (``path`` or ``pretrained/<name>``) to
     ``out``, atomically: {"cassi": its model/geometry/wavelengths + "step" (optimizer steps trained) and
     "monitor" (the best validation value, when the checkpoint records one) and "elapsed" (the ElapsedTime
     callback's {"cpu_min", "wall_min"}, when recorded), "state_dict": the model's weights
     (the EMA weights when EMA was on), in float16 with ``half``}. It loads with :func:`load_model` and
     starts a new training run with ``init_weights=`` (no optimizer or schedule state: a few MB). ``measured``: the
-    model card's rows across masks, kept in its camera record (:func:`cassi.models.camera.check_camera` names them)."""
+    model card's rows across masks, kept in its camera record (:func:`cassi.models.camera.check_camera` names them);
+    ``config``: model settings over the trained ones (e.g. ``{"project": True}``, chosen by the card)."""
     from cassi.io import write_text_atomic
 
     ckpt = _read(resolve_checkpoint(path))
@@ -118,6 +120,8 @@ def export_weights(path, out, half: bool = False, measured: list[dict] | None = 
     elapsed = training_time(ckpt)
     if elapsed:
         info["elapsed"] = elapsed
+    if config:
+        info["model"] = {**info["model"], **config}
     if measured is not None:
         info["camera"] = {**(info.get("camera") or {}), "measured": list(measured)}
     state = {k: (v.half() if half and v.is_floating_point() else v) for k, v in ckpt["state_dict"].items()
