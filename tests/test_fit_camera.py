@@ -114,8 +114,12 @@ def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_p
 
     runs = fake_runs(monkeypatch, stage1_minutes=50)  # 4 of stage 2's 23 planned minutes are left (a tenth: card)
     said = []
-    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, echo=said.append)
+    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, echo=said.append,
+                          recipe=["project=false", "half=false", "data.batch_size=4"])
     assert [script for script, _ in runs] == ["train.py", "model_card.py"]
+    # the recipe's card settings go to the card, the rest to training
+    assert runs[1][1]["project"] == "false" and runs[1][1]["half"] == "false" and "data.batch_size" not in runs[1][1]
+    assert runs[0][1]["data.batch_size"] == "4" and "project" not in runs[0][1] and "half" not in runs[0][1]
     assert runs[1][1]["ckpt"] == str(tmp_path / "stage1" / "checkpoints" / "best-epoch000.ckpt")
     assert any(line.startswith("  stage2: skipped, 4.0 of its planned") for line in said), said
     assert json.loads((tmp_path / "stage2" / "done.json").read_text())["skipped"] is True
