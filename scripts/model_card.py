@@ -4,8 +4,8 @@ and its last piece's), geometry; plus its reference output on a small fixed inpu
 (``cassi.models.reference_input``) that the tests compare with. With ``ship=true`` the weights go to
 ``cassi/pretrained/<name>.ckpt`` (loadable as ``pretrained/<name>`` everywhere a checkpoint is accepted).
 A Refiner trained without projecting its stages onto y is scored projected too (``project=auto``), and shipped
-projected when that raises its validation PSNR. ``measure=across_masks`` on a shipped model measures only the card's table across masks, and sets it in the card
-and the weights' record; the rest of the card is kept.
+projected when that raises its validation PSNR. ``measure=across_masks`` on a shipped model measures only the
+card's table across masks, and sets it in the card and the weights' record; the rest of the card is kept.
 
     python scripts/model_card.py ckpt=runs/cave_tsa/checkpoints/best-epoch010-step2816.ckpt name=cave_tsa ship=true
     python scripts/model_card.py ckpt=pretrained/cave_tsa name=cave_tsa measure=across_masks validation.test.crop_grid=2
@@ -71,6 +71,8 @@ def main(cfg: DictConfig) -> None:
     out = Path(cfg.out_dir)
     if cfg.measure not in ("all", "across_masks"):
         sys.exit(f"error: measure must be all or across_masks, got {cfg.measure!r}")
+    if str(cfg.project) not in ("auto", "True", "False"):
+        sys.exit(f"error: project must be true, false or auto, got {cfg.project!r}")
     if cfg.measure == "across_masks":  # a shipped model, in place: before any work, the files it updates
         card, weights = out / f"{cfg.name}.md", out / f"{cfg.name}.ckpt"
         if not (card.is_file() and weights.is_file() and resolve_checkpoint(cfg.ckpt).resolve() == weights.resolve()):
@@ -85,8 +87,6 @@ def main(cfg: DictConfig) -> None:
         write_text_atomic(card, masks_section(card.read_text(), measured))
         print(f"wrote the table across masks into {card} and {weights}")
         return
-    if str(cfg.project) not in ("auto", "True", "False"):
-        sys.exit(f"error: project must be true, false or auto, got {cfg.project!r}")
     methods = {"A⁺y": instantiate(cfg.baselines.pinv), "GAP-TV": instantiate(cfg.baselines.gap_tv), cfg.name: model}
     results = {split: {label: score(cfg, rec, operator, split) for label, rec in methods.items()}
                for split in ("validation", "test")}

@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TICK_S = 30  # s between bookings of the time spent (and progress lines) while a phase runs
 SCENE_S = 1.5  # s for GAP-TV (120 iterations) on one 256² pool scene at two threads: 1.3–1.5 measured (31 bands)
-CARD_KEYS = ("validation.", "test.", "baselines.", "masks_baseline.", "half=", "project=", "across_masks")  # recipe overrides for model_card.py, not train.py
+# recipe overrides for model_card.py, not train.py
+CARD_KEYS = ("validation.", "test.", "baselines.", "masks_baseline.", "half=", "project=", "across_masks")
 
 
 @dataclass
