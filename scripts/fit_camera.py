@@ -2,6 +2,7 @@
 
     python scripts/fit_camera.py camera=tsa_real budget_hours=3 output_dir=runs/fit_tsa_real
     python scripts/fit_camera.py camera.mask=mask.mat camera.noise.photons=3000 budget_hours=0.5 output_dir=runs/cam
+    python scripts/fit_camera.py camera=tsa_simulation machine=gpu budget_hours=0.15 output_dir=runs/cave_tsa_gpu
 
 Writes output_dir/model.ckpt (load with ckpt=...) and output_dir/card.md; run it again to continue after a stop.
 """
@@ -12,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cassi.data.camera import Camera
-from cassi.lightning.fit import fit_camera
+from cassi.lightning.fit import Machine, fit_camera
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_camera")
@@ -27,7 +28,7 @@ def main(cfg: DictConfig) -> None:
     noiseless = not any(v is not None for v in camera["noise"].values())
     try:
         fit_camera(cfg.output_dir, camera_overrides, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
-                   init=cfg.init)
+                   init=cfg.init, machine=Machine(**OmegaConf.to_container(cfg.machine, resolve=True)))
     except (RuntimeError, ValueError) as e:
         sys.exit(f"error: {e}")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cassi.lightning.fit import plan
+from cassi.lightning.fit import Machine, plan
 from cassi.models import Refiner, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +45,15 @@ def test_plan_follows_the_budget():
     assert sum(p.minutes for p in phases) + pool * 2.5 / 60 < 180
     with pytest.raises(ValueError, match="budget_hours must be > 0"):
         plan(0, True)
+
+
+def test_plan_prices_the_machine():
+    gpu = Machine(scene_s=0.18, two_stages_min=2, train=["trainer.accelerator=gpu"])
+    pool, phases = plan(0.13, noiseless=True, machine=gpu)  # 7.8 minutes: a pool of 520 scenes, two stages
+    assert pool == 520 and [p.name for p in phases] == ["stage1", "stage2"]
+    assert sum(p.minutes for p in phases) == pytest.approx(7.8 - 520 * 0.18 / 60 - 0.78)
+    pool, phases = plan(0.13, noiseless=True)  # the same budget on the CPU: a smaller pool, one stage
+    assert pool == 62 and [p.name for p in phases] == ["stage1"]
 
 
 def fake_runs(monkeypatch, stage1_minutes=30):
@@ -103,10 +112,19 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     assert runs[0][1]["trainer.max_time"] == f"00:00:{int(stage1.minutes):02d}:{round(stage1.minutes % 1 * 60):02d}"
     assert state["minutes"]["stage2"] == pytest.approx(0.9 * 60 - 30)  # what the budget had left, less the card's
     assert runs[1][1]["trainer.max_time"] == "00:00:24:00"
-    fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, echo=lambda *a: None)
+    assert json.loads((out / "stage1" / "done.json").read_text())["best"] == "stage1/checkpoints/best-epoch000.ckpt"
+    moved = tmp_path / "moved"  # a fit's folder continues where it was moved to (e.g. from a GPU machine)
+    out.rename(moved)
+    fit_module.fit_camera(moved, ["camera=tsa_simulation"], budget_hours=1, echo=lambda *a: None,
+                          machine=Machine(train=["trainer.accelerator=gpu", "data.batch_size=32"]),
+                          recipe=["data.batch_size=4", "half=false"])
     assert runs[2][1]["trainer.max_time"] == "00:00:24:00"  # resumed with the time it was given
-    assert runs[3][0] == "model_card.py" and (out / "card.md").read_text() == "card"
-    assert json.loads((out / "plan.json").read_text())["spent_min"] == pytest.approx(100)
+    assert runs[2][1]["hydra.run.dir"] == str(moved / "stage2")
+    assert runs[2][1]["data.batch_size"] == "4" and runs[2][1]["trainer.accelerator"] == "gpu"  # the recipe wins
+    assert runs[3][0] == "model_card.py" and (moved / "card.md").read_text() == "card"
+    assert runs[3][1]["ckpt"] == str(moved / "stage2" / "checkpoints" / "best-epoch000.ckpt")
+    assert "trainer.accelerator" not in runs[3][1] and runs[3][1]["half"] == "false"
+    assert json.loads((moved / "plan.json").read_text())["spent_min"] == pytest.approx(100)
 
 
 def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_path, monkeypatch):

@@ -262,6 +262,41 @@ def test_a_stopped_pool_continues_from_its_pieces_and_equals_an_unstopped_one(tm
     assert Counting.calls == 25 and not (tmp_path / "other" / "fi.pt.parts").exists()
 
 
+def test_scenes_solved_together_equal_scenes_solved_one_by_one_and_resume_from_pieces(tmp_path, monkeypatch):
+    # on a GPU the pool's solver runs on POOL_CHUNK scenes at once; each scene keeps its own mask and noise
+    import cassi.models.refine as refine
+
+    one = pool(solver=FAST_TV, n=7).scenes
+    monkeypatch.setitem(refine.POOL_CHUNK, "cpu", 3)
+    together = pool(solver=FAST_TV, n=7).scenes
+    assert not torch.equal(one["mask"][0], one["mask"][1])  # a mask per scene
+    for k in ("x", "x0", "r", "y", "mask", "scale"):
+        assert torch.allclose(together[k].float(), one[k].float(), atol=1e-6, rtol=1e-5), k
+    assert together["names"] == one["names"]
+
+    sizes = []
+
+    class Stopped(Counting):  # a kill during the third solver call (scenes 6–8 of 25)
+        def __call__(self, op, y):
+            sizes.append(y.shape[0])
+            if Counting.calls == 2 and len(sizes) == 3:
+                raise KeyboardInterrupt
+            return super().__call__(op, y)
+
+    monkeypatch.setattr(refine, "build_solver", lambda spec: Stopped())
+    Counting.calls = 0
+    with pytest.raises(KeyboardInterrupt):
+        pool(tmp_path, n=25).prepare()  # a piece when 2 or more scenes were solved since the last: 0–2, 3–5
+    assert sorted(int(f.stem) for f in (tmp_path / "fi.pt.parts").glob("*.pt")) == [0, 3]
+    resumed = pool(tmp_path, n=25)
+    resumed.prepare()
+    assert sizes == [3, 3, 3] + [3] * 6 + [1]  # scenes 6–24 solved again: 6 calls of 3 and one of 1
+    monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
+    whole = pool(tmp_path / "whole", n=25)
+    for k in ("x", "x0", "r", "y", "mask", "scale"):
+        assert torch.equal(resumed.scenes[k], whole.scenes[k]), k
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="larger than the scenes"):
         pool(patch=32).prepare()

@@ -13,7 +13,8 @@ Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
    validation scenes it was chosen on) and the test scenes
    (``scripts/model_card.py``), written as ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
 
-A phase that finished leaves ``D/<phase>/done.json``; run the same command again after a stop and it continues:
+A phase that finished leaves ``D/<phase>/done.json`` (its best checkpoint named relative to ``D``, so that a fit
+can be moved, e.g. from a GPU machine, and continued); run the same command again after a stop and it continues:
 finished phases are kept, an unfinished training resumes from its ``last.ckpt``, an unfinished pool from its
 pieces. The time spent is booked in ``D/plan.json`` as it goes (kills included); with two stages the second gets
 what the budget has left when it starts (the pool's time is an estimate), less a tenth for the card, and is
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from cassi.io import write_text_atomic
 
-__all__ = ["Phase", "plan", "progress", "fit_camera"]
+__all__ = ["Machine", "Phase", "plan", "progress", "fit_camera"]
 
 logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -52,18 +53,30 @@ class Phase:
     overrides: list[str] = field(default_factory=list)
 
 
-def plan(budget_hours: float, noiseless: bool, pool: int | None = None) -> tuple[int, list[Phase]]:
-    """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``SCENE_S`` a 256² scene at two
-    threads), the rest for training, split 45/55 between one stage and two stages trained together (on the same
-    pool) when there are at least 40 minutes to train, else one stage (at 0.5 h two stages did not pay: the pair
-    trained together costs 3.3× a step)."""
+@dataclass
+class Machine:
+    """Where a fit runs, as the plan prices it (conf/machine/*.yaml): ``scene_s`` seconds of GAP-TV for one 256² pool
+    scene, ``two_stages_min`` the minutes of training from which a second stage is planned, ``train`` train.py
+    overrides for every phase (e.g. the GPU's accelerator and batch)."""
+    scene_s: float = SCENE_S
+    two_stages_min: float = 40.0
+    train: list[str] = field(default_factory=list)
+
+
+def plan(budget_hours: float, noiseless: bool, pool: int | None = None,
+         machine: Machine | None = None) -> tuple[int, list[Phase]]:
+    """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``machine.scene_s`` a 256²
+    scene), the rest for training, split 45/55 between one stage and two stages trained together (on the same
+    pool) when there are at least ``machine.two_stages_min`` minutes to train, else one stage (on the CPU: 40 minutes;
+    at 0.5 h two stages did not pay there, the pair trained together costing 3.3× a step)."""
     if budget_hours <= 0:
         raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
+    machine = machine or Machine()
     minutes = budget_hours * 60
-    pool = pool or int(min(768, max(16, 0.2 * minutes * 60 / SCENE_S)))
-    train = max(1.0, minutes - pool * SCENE_S / 60 - 0.1 * minutes)  # the card and validation take the last tenth
+    pool = pool or int(min(768, max(16, 0.2 * minutes * 60 / machine.scene_s)))
+    train = max(1.0, minutes - pool * machine.scene_s / 60 - 0.1 * minutes)  # the card and validation: the last tenth
     project = [f"model.project={str(noiseless).lower()}"]
-    if train < 40:
+    if train < machine.two_stages_min:
         return pool, [Phase("stage1", train, project)]
     return pool, [Phase("stage1", 0.45 * train, project),
                   Phase("stage2", 0.55 * train, [*project, "model.stages=2", "data.train.stages=1"])]  # cache: below
@@ -149,12 +162,13 @@ def progress(run: Path) -> str | None:
 
 def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.0, noiseless: bool = True,
                recipe: list[str] | None = None, pool: int | None = None, init: str | None = None,
-               echo=print) -> Path:
+               machine: Machine | None = None, echo=print) -> Path:
     """Run (or continue) the phases into ``output_dir``; returns ``output_dir/model.ckpt``. ``camera_overrides``:
     the ``camera=...`` / ``camera.<key>=...`` overrides of the camera (passed to every run); ``recipe``: more
     overrides for every training run (e.g. smaller data for a test); ``init``: the weights stage 1 starts from (a
     Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis), None: from
-    scratch."""
+    scratch; ``machine``: where it runs (the plan's prices and train.py overrides; default the CPU)."""
+    machine = machine or Machine()
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "plan.json"
@@ -162,7 +176,7 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     if state and (state.get("camera") != camera_overrides or state.get("budget_hours") != budget_hours):
         raise ValueError(f"{out} holds a fit for camera {state.get('camera')} and budget {state.get('budget_hours')} h; "
                          f"give the same camera and budget to continue it, or another output_dir")
-    size, phases = plan(budget_hours, noiseless, pool)
+    size, phases = plan(budget_hours, noiseless, pool, machine)
     state.setdefault("camera", camera_overrides)
     state.setdefault("budget_hours", budget_hours)
     state.setdefault("spent_min", 0.0)
@@ -187,7 +201,7 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     if threading.current_thread() is threading.main_thread():  # SIGTERM (kill, a scheduler) ends the run in it too
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        return _phases(out, state, phases, size, camera_overrides, recipe, init, save, echo)
+        return _phases(out, state, phases, size, camera_overrides, [*machine.train, *(recipe or [])], init, save, echo)
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, stop)
@@ -207,7 +221,7 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
         run = out / phase.name
         done = run / "done.json"
         if done.is_file():
-            previous = Path(json.loads(done.read_text())["best"])
+            previous = out / json.loads(done.read_text())["best"]  # relative: a fit's folder can be moved
             echo(f"  {phase.name}: done ({previous.name})")
             continue
         run.mkdir(exist_ok=True)
@@ -220,7 +234,7 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
         left = state["minutes"][phase.name]
         if previous is not None and left < 0.2 * phase.minutes:  # too little left for it to pay: the last one stands
             echo(f"  {phase.name}: skipped, {max(left, 0):.1f} of its planned {phase.minutes:.1f} min are left")
-            write_text_atomic(done, json.dumps({"best": str(previous), "skipped": True}))
+            write_text_atomic(done, json.dumps({"best": str(previous.relative_to(out)), "skipped": True}))
             continue
         left = max(1.0, left)
         hms = f"00:{int(left // 60):02d}:{int(left % 60):02d}:{int(round(left % 1 * 60)) % 60:02d}"
@@ -237,7 +251,7 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
         previous = _best(run)
         if previous is None:
             raise RuntimeError(f"{phase.name} wrote no best checkpoint in {run / 'checkpoints'}")
-        write_text_atomic(done, json.dumps({"best": str(previous)}))
+        write_text_atomic(done, json.dumps({"best": str(previous.relative_to(out))}))
         echo(f"  {phase.name}: best {previous.name}")
     model = out / "model.ckpt"
     if not model.is_file():
