@@ -115,11 +115,14 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     assert json.loads((out / "stage1" / "done.json").read_text())["best"] == "stage1/checkpoints/best-epoch000.ckpt"
     moved = tmp_path / "moved"  # a fit's folder continues where it was moved to (e.g. from a GPU machine)
     out.rename(moved)
+    # continued on a machine whose plan would have one stage: the plan of the first run stands
     fit_module.fit_camera(moved, ["camera=tsa_simulation"], budget_hours=1, echo=lambda *a: None,
-                          machine=Machine(train=["trainer.accelerator=gpu", "data.batch_size=32"]),
+                          machine=Machine(two_stages_min=1000, train=["trainer.accelerator=gpu", "data.batch_size=32"]),
                           recipe=["data.batch_size=4", "half=false"])
     assert runs[2][1]["trainer.max_time"] == "00:00:24:00"  # resumed with the time it was given
     assert runs[2][1]["hydra.run.dir"] == str(moved / "stage2")
+    assert runs[2][1]["init_weights"] == str(moved / "stage1" / "checkpoints" / "best-epoch000.ckpt")
+    assert "half" not in runs[2][1]
     assert runs[2][1]["data.batch_size"] == "4" and runs[2][1]["trainer.accelerator"] == "gpu"  # the recipe wins
     assert runs[3][0] == "model_card.py" and (moved / "card.md").read_text() == "card"
     assert runs[3][1]["ckpt"] == str(moved / "stage2" / "checkpoints" / "best-epoch000.ckpt")

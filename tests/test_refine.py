@@ -296,6 +296,14 @@ def test_scenes_solved_together_equal_scenes_solved_one_by_one_and_resume_from_p
     for k in ("x", "x0", "r", "y", "mask", "scale"):
         assert torch.equal(resumed.scenes[k], whole.scenes[k]), k
 
+    class Tolerant(Stopped):  # stops at a tolerance: on a batch, that would be the largest residual's
+        tol = 1e-3
+
+    sizes.clear()
+    monkeypatch.setattr(refine, "build_solver", lambda spec: Tolerant())
+    pool(n=4).prepare()
+    assert sizes == [1, 1, 1, 1]
+
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="larger than the scenes"):

@@ -57,7 +57,8 @@ class Phase:
 class Machine:
     """Where a fit runs, as the plan prices it (conf/machine/*.yaml): ``scene_s`` seconds of GAP-TV for one 256² pool
     scene, ``two_stages_min`` the minutes of training from which a second stage is planned, ``train`` train.py
-    overrides for every phase (e.g. the GPU's accelerator and batch)."""
+    overrides for every training phase (e.g. the GPU's accelerator and batch). The plan is made once, at a fit's
+    first run: a fit continued on another machine keeps it and takes that machine's ``train``."""
     scene_s: float = SCENE_S
     two_stages_min: float = 40.0
     train: list[str] = field(default_factory=list)
@@ -85,6 +86,11 @@ def plan(budget_hours: float, noiseless: bool, pool: int | None = None,
 def _best(run: Path) -> Path | None:
     found = sorted((run / "checkpoints").glob("best-*.ckpt"), key=os.path.getmtime)
     return found[-1] if found else None
+
+
+def _relative(path: Path, out: Path) -> str:
+    """``path`` as done.json names it: relative to the fit's folder when inside it (older fits named it absolute)."""
+    return str(path.relative_to(out)) if path.is_relative_to(out) else str(path)
 
 
 def _die_with_parent() -> None:
@@ -169,14 +175,17 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis), None: from
     scratch; ``machine``: where it runs (the plan's prices and train.py overrides; default the CPU)."""
     machine = machine or Machine()
-    out = Path(output_dir)
+    out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "plan.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     if state and (state.get("camera") != camera_overrides or state.get("budget_hours") != budget_hours):
         raise ValueError(f"{out} holds a fit for camera {state.get('camera')} and budget {state.get('budget_hours')} h; "
                          f"give the same camera and budget to continue it, or another output_dir")
-    size, phases = plan(budget_hours, noiseless, pool, machine)
+    if "phases" in state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
+        size, phases = state["pool"], [Phase(**p) for p in state["phases"]]
+    else:
+        size, phases = plan(budget_hours, noiseless, pool, machine)
     state.setdefault("camera", camera_overrides)
     state.setdefault("budget_hours", budget_hours)
     state.setdefault("spent_min", 0.0)
@@ -221,20 +230,20 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
         run = out / phase.name
         done = run / "done.json"
         if done.is_file():
-            previous = out / json.loads(done.read_text())["best"]  # relative: a fit's folder can be moved
+            previous = out / json.loads(done.read_text())["best"]  # relative (a fit's folder can be moved)
             echo(f"  {phase.name}: done ({previous.name})")
             continue
         run.mkdir(exist_ok=True)
         last = run / "checkpoints" / "last.ckpt"
         if phase.name not in state["minutes"]:  # the last phase trains for what the budget has left (less the card's
-            # tenth): the pool's time is an estimate (SCENE_S), and cameras differ
+            # tenth): the pool's time is an estimate (machine.scene_s), and cameras differ
             rest = budget_hours * 60 * 0.9 - state["spent_min"]
             state["minutes"][phase.name] = rest if phase is phases[-1] and len(phases) > 1 else phase.minutes
             save()
         left = state["minutes"][phase.name]
         if previous is not None and left < 0.2 * phase.minutes:  # too little left for it to pay: the last one stands
             echo(f"  {phase.name}: skipped, {max(left, 0):.1f} of its planned {phase.minutes:.1f} min are left")
-            write_text_atomic(done, json.dumps({"best": str(previous.relative_to(out)), "skipped": True}))
+            write_text_atomic(done, json.dumps({"best": _relative(previous, out), "skipped": True}))
             continue
         left = max(1.0, left)
         hms = f"00:{int(left // 60):02d}:{int(left % 60):02d}:{int(round(left % 1 * 60)) % 60:02d}"
@@ -251,7 +260,7 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
         previous = _best(run)
         if previous is None:
             raise RuntimeError(f"{phase.name} wrote no best checkpoint in {run / 'checkpoints'}")
-        write_text_atomic(done, json.dumps({"best": str(previous.relative_to(out))}))
+        write_text_atomic(done, json.dumps({"best": _relative(previous, out)}))
         echo(f"  {phase.name}: best {previous.name}")
     model = out / "model.ckpt"
     if not model.is_file():

@@ -418,13 +418,14 @@ class FirstIterates(Dataset):
     def _solve_all(self, solver, data: dict, start: int, n: int, key: dict) -> None:
         """Scenes start…n−1 into ``data`` (rows allocated at the first), a piece saved every tenth. Each scene is
         measured on its own (its own seed); the solver runs on ``POOL_CHUNK[device]`` scenes at once (on a GPU a
-        single 256² scene leaves it idle between kernels), which gives each scene what it gives alone."""
+        single 256² scene leaves it idle between kernels), which gives each scene what it gives alone (a solver with a
+        tolerance, which would stop a batch on its largest residual, gets one scene at a time)."""
         from rich.progress import Progress
 
         from cassi.io import write_text_atomic
 
         parts, every, piece_start = self._parts(), max(1, n // 10), start
-        chunk = max(1, POOL_CHUNK.get(self.device.type, 1))
+        chunk = max(1, POOL_CHUNK.get(self.device.type, 1)) if not getattr(solver, "tol", 0) else 1
         t0 = time.monotonic()
         with Progress(transient=False) as bar, torch.no_grad():
             task = bar.add_task(f"first iterates ({type(solver).__name__}) of {n} scenes", total=n, completed=start)
