@@ -96,6 +96,18 @@ def test_camera_group_composes_in_every_script(script, shared_data):
     assert type(sim.masks).__name__ == "RandomMaskCrops" and type(sim.eval_masks).__name__ == "FixedMask"
 
 
+def test_per_band_offsets_reach_the_operator_and_the_simulator():
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    offsets = [round(1.2 * c + 0.04 * c * c, 2) for c in range(28)]  # a dispersion that no step gives
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["camera=synthetic", f"camera.offsets={offsets}", "camera.step=null"])
+    op = instantiate(cfg.operator, _partial_=True)(torch.ones(28, 64, 64))
+    sim = instantiate(cfg.data.simulator)
+    assert op.offsets == offsets and sim.offsets == offsets and sim.step is None
+
+
 def test_data_configs_choose_their_camera_and_the_command_line_wins(shared_data):
     from hydra import compose, initialize_config_dir
 
@@ -112,7 +124,8 @@ def test_data_configs_choose_their_camera_and_the_command_line_wins(shared_data)
     ({"masks": "crops"}, "needs camera.mask"),
     ({"masks": "bernoulli", "wavelengths": [500, 600]}, "camera.wavelengths: wavelengths has 2 values"),
     ({"masks": "bernoulli", "noise": {"photon": 3}}, "unknown keys"),
-    ({"masks": "bernoulli", "offsets": [0, 1]}, "camera.offsets has 2 values but camera.bands=28"),
+    ({"masks": "bernoulli", "offsets": [0, 1], "step": None}, "camera.offsets has 2 values but camera.bands=28"),
+    ({"masks": "bernoulli", "offsets": list(range(28))}, r"camera.offsets replaces camera.step: give camera.step=null"),
     ({"masks": "mixture"}, "needs camera.mixture"),
     ({"masks": "mixture", "mixture": [{"masks": "crops"}]}, r"camera.mixture\[0\]: camera.masks=crops needs"),
     ({"masks": "bernoulli", "mixture": [{"masks": "bernoulli"}]}, "set camera.masks=mixture"),

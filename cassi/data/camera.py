@@ -43,7 +43,8 @@ class Camera:
         block: the block size (px) of "blocks" masks.
         key: the variable holding the mask in its file (None: the only array).
         bands: C. wavelengths: nm per band, "tsa", "cave" or None.
-        step: dispersion in px per band (fractional allowed); offsets: per-band offsets instead; axis: "w" or "h".
+        step: dispersion in px per band (fractional allowed); offsets: per-band offsets instead (with step=None);
+            axis: "w" or "h".
         noise: None or {"photons", "bit_depth", "sigma"} (missing or None entries are off).
     """
 
@@ -69,10 +70,11 @@ class Camera:
         except ValueError as e:
             raise ValueError(f"camera.wavelengths: {e}") from None
         if offsets is not None:
+            if step is not None:  # the operator's config reads both (conf/operator/_base.yaml)
+                raise ValueError(f"camera.offsets replaces camera.step: give camera.step=null with it (got step={step})")
             offsets = [float(o) for o in offsets]
             if len(offsets) != bands:
                 raise ValueError(f"camera.offsets has {len(offsets)} values but camera.bands={bands}")
-            step = None
         elif step is None or not isinstance(step, (int, float)) or isinstance(step, bool) or step < 0:
             raise ValueError(f"camera.step must be a number >= 0 (px per band), or give camera.offsets; got {step!r}")
         self.mixture, self.weights = [], []
