@@ -1,22 +1,11 @@
 #!/usr/bin/env bash
 # fit_camera.py on one GPU in one call (machine=gpu: the pool's GAP-TV 32 scenes at a time, batch 32), the command a
-# user runs; the device tests first. Prepared here (the GPU machine sees neither ../shared nor PyPI; .gpu/ is
-# git-ignored and carried):
-#   .gpu/site.zip      hydra, omegaconf, antlr4 from .venv (pure Python): cd .venv/lib/python3.*/site-packages && python -m zipfile -c <repo>/.gpu/site.zip hydra omegaconf antlr4
-#   .gpu/shared.npz    python benchmarks/gpu_fit/pack_shared.py pack ../shared/data .gpu/shared.npz
+# user runs; the device tests first. Prepared here: .gpu/ as benchmarks/gpu_fit/setup.sh says.
 # Run:  FIT="camera=tsa_simulation budget_hours=0.13 pool=768" bash benchmarks/gpu_fit/fit.sh
 # Back in $OUT (or ./gpu_out): log.txt, fit.log (fit_camera's own output), model.ckpt and card.md (the fit's), plan.json,
 # each stage's validation metrics and the last stage's best checkpoint as weights only (to score again on the exact scenes: the
 # training scenes there are rounded to 8 bits, pack_shared.py)
-set -u
-T0=$(date +%s)
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-R=${GPU_FIT_ROOT:-/tmp/gpu_fit}; rm -rf "$R"; mkdir -p "$R"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.gpu/site.zip:$PWD${PYTHONPATH:+:$PYTHONPATH} CASSI_SHARED_DATA=$R/shared
-PY=${PYTHON:-python3}
-log() { echo "[$(date +%T) +$(($(date +%s) - T0))s] $*" | tee -a "$OUT/log.txt"; }
-{ nvidia-smi -L; $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"; } 2>&1 | tee -a "$OUT/log.txt"
-$PY benchmarks/gpu_fit/pack_shared.py unpack .gpu/shared.npz "$R/shared" 2>&1 | tee -a "$OUT/log.txt"
+source "$(dirname "$0")/setup.sh"
 log "device tests"
 timeout ${TESTS_S:-60} $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_refine.py 2>&1 | tail -4 | tee -a "$OUT/log.txt"
 log "fit_camera.py machine=gpu ${FIT:-} ${ARGS:-}"

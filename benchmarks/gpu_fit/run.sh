@@ -2,25 +2,13 @@
 # cave_any trained further on one GPU, in one call (about 9 minutes): the fit_camera recipe for camera=many, its U-Net
 # (stage 1), then a second one grown on it and both trained together on the same GAP-TV pool, at a larger batch.
 # The shipped two-U-Net pretrained/cave_any came from this script run on the one-U-Net cave_any of then (its card).
-# Prepared here (the GPU machine sees neither ../shared nor PyPI; .gpu/ is git-ignored and carried):
-#   .gpu/site          hydra, omegaconf, antlr4 (pure Python, copied from .venv)
-#   .gpu/shared.npz    python benchmarks/gpu_fit/pack_shared.py pack ../shared/data .gpu/shared.npz
+# Prepared here: .gpu/ as benchmarks/gpu_fit/setup.sh says.
 # Run:  bash benchmarks/gpu_fit/run.sh   (env: S1 stage 1's seconds, END the whole run's, S2 a cap on stage 2's,
 #       POOL scenes, B batch, ACCEL, INIT stage 1's start: default pretrained/cave_any, its first U-Net;
 #       results in $OUT or ./gpu_out: each stage's best as weights only, metrics, logs)
-set -u
-T0=$(date +%s)
 S1=${S1:-150}; END=${END:-520}; POOL=${POOL:-768}; B=${B:-32}; ACCEL=${ACCEL:-gpu}; INIT=${INIT:-pretrained/cave_any}
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-R=${GPU_FIT_ROOT:-/tmp/gpu_fit}; rm -rf "$R"; mkdir -p "$R"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH} CASSI_SHARED_DATA=$R/shared
-PY=${PYTHON:-python3}
-log() { echo "[$(date +%T) +$(($(date +%s) - T0))s] $*" | tee -a "$OUT/log.txt"; }
+source "$(dirname "$0")/setup.sh"
 hms() { printf "00:00:%02d:%02d" $(($1 / 60)) $(($1 % 60)); }  # Lightning's DD:HH:MM:SS
-{ nvidia-smi -L; $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"; } 2>&1 | tee -a "$OUT/log.txt"
-
-log "1. data"
-$PY benchmarks/gpu_fit/pack_shared.py unpack .gpu/shared.npz "$R/shared" 2>&1 | tee -a "$OUT/log.txt"
 
 COMMON=(experiment=cave_tsa model.mask_input=true camera=many "data.train.cubes.samples_per_epoch=$POOL"
   data.train.cubes.spectral_shift=10 data.train.cubes.spectral_stretch=0.05 test=false data.test=null callbacks.progress=null

@@ -4,7 +4,7 @@
 # the same wall-clock seconds by cassi's scripts/train.py and by the toolbox's train.py on the same CAVE crops,
 # both final models scored by one evaluator on the same validation crops.
 # Prepared here (the GPU machine sees neither ../shared nor PyPI; .gpu/ is git-ignored and carried):
-#   .gpu/site     hydra, omegaconf, antlr4 (pure Python, copied from .venv)
+#   .gpu/site.zip hydra, omegaconf, antlr4 zipped from .venv (as benchmarks/gpu_fit/setup.sh says)
 #   .gpu/mst      the toolbox's simulation/train_code (github:caiyuanhao1998/MST)
 #   .gpu/cave28.npz, .gpu/mask_256.mat   python benchmarks/gpu_zoo/pack_cave.py ../shared/data/cave_train ...
 # Run:  bash benchmarks/gpu_zoo/run.sh [seconds of training each, default 150]   (results in $OUT or ./gpu_out)
@@ -13,7 +13,7 @@ SECONDS_EACH=${1:-150}
 MAX_TIME=$(printf "00:00:%02d:%02d" $((SECONDS_EACH / 60)) $((SECONDS_EACH % 60)))  # Lightning's DD:HH:MM:SS
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 R=${GPU_ZOO_ROOT:-/tmp/gpu_zoo}; rm -rf "$R"; mkdir -p "$R"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.gpu/site.zip:$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
 TB=$PWD/.gpu/mst/train_code
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }

@@ -41,7 +41,6 @@ __all__ = ["Machine", "Phase", "plan", "progress", "fit_camera"]
 logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TICK_S = 30  # s between bookings of the time spent (and progress lines) while a phase runs
-SCENE_S = 1.5  # s for GAP-TV (120 iterations) on one 256² pool scene at two threads: 1.3–1.5 measured (31 bands)
 # recipe overrides for model_card.py, not train.py
 CARD_KEYS = ("validation.", "test.", "baselines.", "masks_baseline.", "half=", "project=", "across_masks")
 
@@ -59,7 +58,7 @@ class Machine:
     scene, ``two_stages_min`` the minutes of training from which a second stage is planned, ``train`` train.py
     overrides for every training phase (e.g. the GPU's accelerator and batch). The plan is made once, at a fit's
     first run: a fit continued on another machine keeps it and takes that machine's ``train``."""
-    scene_s: float = SCENE_S
+    scene_s: float = 1.5  # the 2-core CPU: GAP-TV (120 iterations) took 1.3–1.5 s a 256² scene at 31 bands
     two_stages_min: float = 40.0
     train: list[str] = field(default_factory=list)
 
