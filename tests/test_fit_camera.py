@@ -56,6 +56,25 @@ def test_plan_prices_the_machine():
     assert pool == 62 and [p.name for p in phases] == ["stage1"]
 
 
+def test_a_fit_on_the_cpu_beside_a_gpu_says_so(tmp_path, monkeypatch):
+    import cassi.lightning.fit as fit_module
+    from cassi.lightning.fit import fit_camera
+
+    monkeypatch.setattr(fit_module, "_cuda", lambda: True)
+    for machine, recipe, warned in [(None, [], True), (Machine(train=["trainer.accelerator=gpu"]), [], False),
+                                    (None, ["trainer.accelerator=gpu"], False),
+                                    (Machine(train=["trainer.accelerator=gpu"]), ["trainer.accelerator=cpu"], True)]:
+        lines = []
+        with pytest.raises(ValueError, match="budget_hours"):  # stops at the plan, after the warning
+            fit_camera(tmp_path / "fit", [], budget_hours=0, recipe=recipe, machine=machine, echo=lines.append)
+        assert any("machine=gpu" in line for line in lines) == warned, (machine, recipe, lines)
+    monkeypatch.setattr(fit_module, "_cuda", lambda: False)
+    lines = []
+    with pytest.raises(ValueError, match="budget_hours"):
+        fit_camera(tmp_path / "fit", [], budget_hours=0, echo=lines.append)
+    assert lines == []
+
+
 def fake_runs(monkeypatch, stage1_minutes=30):
     """The phases' runs replaced by a fake on a fake clock: stage 1 (pool included) takes ``stage1_minutes``, every
     other run 30; the first run of stage 2 is stopped (Ctrl-C) after 10. Returns the runs' list (script, overrides)."""
@@ -167,7 +186,7 @@ def test_a_phase_run_survives_failing_ticks_and_ends_with_the_fit_process(tmp_pa
     code = (f"import pathlib, cassi.lightning.fit as m; m.SCRIPTS = pathlib.Path({str(scripts)!r}); "
             f"m._run('nap.py', [{str(tmp_path / 'b.pid')!r}, '120'], pathlib.Path({str(tmp_path / 'b.log')!r}))")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240  # a guard against a hang: a loaded 2-core machine took over 60 s to start it
     while not (tmp_path / "b.pid").is_file() or not (tmp_path / "b.pid").read_text():
         assert time.monotonic() < deadline and parent.poll() is None, "the run did not start"
         time.sleep(0.05)
