@@ -4,16 +4,21 @@
     python scripts/fit_camera.py camera.mask=mask.mat camera.noise.photons=3000 budget_hours=0.5 output_dir=runs/cam
     python scripts/fit_camera.py camera=tsa_simulation machine=gpu budget_hours=0.15 output_dir=runs/cave_tsa_gpu
 
+``machine=auto`` (the default) is ``machine=gpu`` where torch sees a CUDA GPU, else ``machine=cpu``.
 Writes output_dir/model.ckpt (load with ckpt=...) and output_dir/card.md; run it again to continue after a stop.
 """
 import sys
+from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cassi.data.camera import Camera
 from cassi.lightning.fit import Machine, fit_camera
+
+MACHINES = Path(__file__).resolve().parents[1] / "conf" / "machine"
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_camera")
@@ -26,9 +31,15 @@ def main(cfg: DictConfig) -> None:
     task = HydraConfig.get().overrides.task
     camera_overrides = [o for o in task if o.lstrip("+~").startswith("camera")]
     noiseless = not any(v is not None for v in camera["noise"].values())
+    machine = cfg.machine
+    if HydraConfig.get().runtime.choices.get("machine") == "auto":
+        pick = "gpu" if torch.cuda.is_available() else "cpu"
+        machine = OmegaConf.merge(OmegaConf.load(MACHINES / f"{pick}.yaml"), machine)
+        print(f"fit_camera: machine={pick} ({'CUDA' if pick == 'gpu' else 'no CUDA GPU'} here; give machine=cpu or "
+              f"machine=gpu to choose): {' '.join(machine.train) or 'the recipe as it is'}")
     try:
         fit_camera(cfg.output_dir, camera_overrides, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
-                   init=cfg.init, machine=Machine(**OmegaConf.to_container(cfg.machine, resolve=True)))
+                   init=cfg.init, machine=Machine(**OmegaConf.to_container(machine, resolve=True)))
     except (RuntimeError, ValueError) as e:
         sys.exit(f"error: {e}")
 

@@ -56,25 +56,6 @@ def test_plan_prices_the_machine():
     assert pool == 62 and [p.name for p in phases] == ["stage1"]
 
 
-def test_a_fit_on_the_cpu_beside_a_gpu_says_so(tmp_path, monkeypatch):
-    import cassi.lightning.fit as fit_module
-    from cassi.lightning.fit import fit_camera
-
-    monkeypatch.setattr(fit_module, "_cuda", lambda: True)
-    for machine, recipe, warned in [(None, [], True), (Machine(train=["trainer.accelerator=gpu"]), [], False),
-                                    (None, ["trainer.accelerator=gpu"], False),
-                                    (Machine(train=["trainer.accelerator=gpu"]), ["trainer.accelerator=cpu"], True)]:
-        lines = []
-        with pytest.raises(ValueError, match="budget_hours"):  # stops at the plan, after the warning
-            fit_camera(tmp_path / "fit", [], budget_hours=0, recipe=recipe, machine=machine, echo=lines.append)
-        assert any("machine=gpu" in line for line in lines) == warned, (machine, recipe, lines)
-    monkeypatch.setattr(fit_module, "_cuda", lambda: False)
-    lines = []
-    with pytest.raises(ValueError, match="budget_hours"):
-        fit_camera(tmp_path / "fit", [], budget_hours=0, echo=lines.append)
-    assert lines == []
-
-
 def fake_runs(monkeypatch, stage1_minutes=30):
     """The phases' runs replaced by a fake on a fake clock: stage 1 (pool included) takes ``stage1_minutes``, every
     other run 30; the first run of stage 2 is stopped (Ctrl-C) after 10. Returns the runs' list (script, overrides)."""
@@ -206,6 +187,19 @@ def test_a_phase_run_survives_failing_ticks_and_ends_with_the_fit_process(tmp_pa
     if alive(child):
         os.kill(child, signal.SIGKILL)
         pytest.fail("the phase's run outlived the fit process")
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_the_default_machine_is_the_gpu_where_there_is_one(tmp_path, cuda):
+    """machine=auto (the default) takes gpu.yaml's settings where torch sees CUDA, else cpu.yaml's; here stopped by
+    a budget of 0 at the plan, after the line that names the pick."""
+    code = (f"import runpy, sys, torch; torch.cuda.is_available = lambda: {cuda}; "
+            f"sys.argv = ['fit_camera.py', 'budget_hours=0', 'output_dir={tmp_path / 'fit'}']; "
+            f"runpy.run_path('scripts/fit_camera.py', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "budget_hours must be > 0" in r.stderr, r.stderr
+    pick = "gpu" if cuda else "cpu"
+    assert f"machine={pick} " in r.stdout and ("trainer.accelerator=gpu" in r.stdout) == cuda, r.stdout
 
 
 def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):

@@ -82,11 +82,6 @@ def plan(budget_hours: float, noiseless: bool, pool: int | None = None,
                   Phase("stage2", 0.55 * train, [*project, "model.stages=2", "data.train.stages=1"])]  # cache: below
 
 
-def _cuda() -> bool:
-    import torch  # only here: the orchestration runs train.py in subprocesses
-    return torch.cuda.is_available()
-
-
 def _best(run: Path) -> Path | None:
     found = sorted((run / "checkpoints").glob("best-*.ckpt"), key=os.path.getmtime)
     return found[-1] if found else None
@@ -179,10 +174,6 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis), None: from
     scratch; ``machine``: where it runs (the plan's prices and train.py overrides; default the CPU)."""
     machine = machine or Machine()
-    accelerator = [o.split("=", 1)[1] for o in [*machine.train, *(recipe or [])] if o.startswith("trainer.accelerator=")]
-    if accelerator[-1:] in ([], ["cpu"]) and _cuda():
-        echo("fit_camera: warning: a CUDA GPU is here, but this fit trains on the CPU and plans for its speed; "
-             "add machine=gpu to train on the GPU")
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "plan.json"
