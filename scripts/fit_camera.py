@@ -31,15 +31,19 @@ def main(cfg: DictConfig) -> None:
     task = HydraConfig.get().overrides.task
     camera_overrides = [o for o in task if o.lstrip("+~").startswith("camera")]
     noiseless = not any(v is not None for v in camera["noise"].values())
-    machine = cfg.machine
-    if HydraConfig.get().runtime.choices.get("machine") == "auto":
+    machine = OmegaConf.to_container(cfg.machine, resolve=True)
+    if HydraConfig.get().runtime.choices.get("machine") == "auto":  # the pick's values, where none was given
         pick = "gpu" if torch.cuda.is_available() else "cpu"
-        machine = OmegaConf.merge(OmegaConf.load(MACHINES / f"{pick}.yaml"), machine)
+        given = {k: v for k, v in machine.items() if v is not None}
+        machine = {**OmegaConf.to_container(OmegaConf.load(MACHINES / f"{pick}.yaml")), **given}
         print(f"fit_camera: machine={pick} ({'CUDA' if pick == 'gpu' else 'no CUDA GPU'} here; give machine=cpu or "
-              f"machine=gpu to choose): {' '.join(machine.train) or 'the recipe as it is'}")
+              f"machine=gpu to choose)")
+    machine = Machine(**machine)
+    print(f"fit_camera: plan priced at {machine.scene_s:g} s a pool scene, two stages from {machine.two_stages_min:g} "
+          f"min of training; train.py: {' '.join(machine.train) or 'the recipe as it is'}")
     try:
         fit_camera(cfg.output_dir, camera_overrides, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
-                   init=cfg.init, machine=Machine(**OmegaConf.to_container(machine, resolve=True)))
+                   init=cfg.init, machine=machine)
     except (RuntimeError, ValueError) as e:
         sys.exit(f"error: {e}")
 

@@ -189,17 +189,19 @@ def test_a_phase_run_survives_failing_ticks_and_ends_with_the_fit_process(tmp_pa
         pytest.fail("the phase's run outlived the fit process")
 
 
-@pytest.mark.parametrize("cuda", [False, True])
-def test_the_default_machine_is_the_gpu_where_there_is_one(tmp_path, cuda):
-    """machine=auto (the default) takes gpu.yaml's settings where torch sees CUDA, else cpu.yaml's; here stopped by
-    a budget of 0 at the plan, after the line that names the pick."""
+@pytest.mark.parametrize("cuda, given, scene_s, accelerator", [
+    (False, [], 1.5, False), (True, [], 0.1, True), (True, ["machine.scene_s=2"], 2, True)])
+def test_the_default_machine_is_the_gpu_where_there_is_one(tmp_path, cuda, given, scene_s, accelerator):
+    """machine=auto (the default) takes gpu.yaml's settings where torch sees CUDA, else cpu.yaml's, under the keys
+    given; here stopped by a budget of 0 at the plan, after the lines that name the pick and the Machine built."""
     code = (f"import runpy, sys, torch; torch.cuda.is_available = lambda: {cuda}; "
-            f"sys.argv = ['fit_camera.py', 'budget_hours=0', 'output_dir={tmp_path / 'fit'}']; "
+            f"sys.argv = ['fit_camera.py', 'budget_hours=0', 'output_dir={tmp_path / 'fit'}', *{given!r}]; "
             f"runpy.run_path('scripts/fit_camera.py', run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "budget_hours must be > 0" in r.stderr, r.stderr
-    pick = "gpu" if cuda else "cpu"
-    assert f"machine={pick} " in r.stdout and ("trainer.accelerator=gpu" in r.stdout) == cuda, r.stdout
+    assert f"machine={'gpu' if cuda else 'cpu'} " in r.stdout, r.stdout
+    assert f"priced at {scene_s:g} s a pool scene" in r.stdout, r.stdout
+    assert ("trainer.accelerator=gpu" in r.stdout) == accelerator, r.stdout
 
 
 def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):
