@@ -644,3 +644,119 @@ def test_the_pool_computed_on_the_gpu_equals_the_cpu_pool_and_stays_on_the_cpu(b
     for k in ("x", "x0", "r", "y", "mask", "scale"):
         assert gpu[k].device.type == "cpu"
         assert torch.allclose(gpu[k].float(), cpu[k].float(), atol=2e-3, rtol=2e-3), k
+
+
+def test_phi_map_is_each_voxels_share_of_its_detector_pixel():
+    """phi_map = Φ̄·M_c(h, w)/Φ(h, w + d_c), Φ(h, j) = Σ_c M(h, j − d_c) counted by a loop, Φ̄ its mean where > 0;
+    0 where a voxel is not measured (a row of the mask left dark: Φ = 0 there, no division)."""
+    from cassi.models.refine import phi_map
+
+    g = torch.Generator().manual_seed(2)
+    mask = (torch.rand(2, 1, 6, 7, generator=g) > 0.5).double()
+    mask[0, 0, 0] = 0
+    bands, d = 3, 2
+    got = phi_map(CASSI(mask, bands=bands, step=d))
+    assert got.shape == (2, bands, 6, 7) and torch.isfinite(got).all()
+    for b in range(2):
+        phi = torch.zeros(6, 7 + d * (bands - 1), dtype=torch.float64)
+        for c in range(bands):
+            phi[:, d * c:d * c + 7] += mask[b, 0]
+        mean = phi[phi > 0].mean()
+        for c in range(bands):
+            for h in range(6):
+                for w in range(7):
+                    want = mask[b, 0, h, w] * mean / phi[h, w + d * c] if mask[b, 0, h, w] else 0.0
+                    assert abs(float(got[b, c, h, w]) - float(want)) < 1e-9, (b, c, h, w)
+
+
+def test_phi_input_reads_the_operators_phi_map_and_starts_from_a_model_without_it():
+    """phi_input: the U-Nets read phi_map(op) after [x/s, r/s, M]; a model without it, widened by add_phi_inputs
+    (zero weights), computes exactly what it did; the new inputs count once trained; a call without phi is refused."""
+    from cassi.models.refine import add_phi_inputs, phi_map
+
+    old = tiny(mask_input=True, flip_ensemble=True)
+    new = Refiner(bands=5, width=4, depth=2, solver=FAST_TV, mask_input=True, phi_input=True, flip_ensemble=True)
+    new.load_state_dict(add_phi_inputs(old.state_dict(), 5))
+    op, x = random_op(1, 5, 16, 16)
+    y = op(x)
+    with torch.no_grad():
+        torch.testing.assert_close(new(op, y), old(op, y))
+        new.priors[0].down[0][0].weight[:, 11:] += 0.2 * torch.randn(4, 5, 3, 3)
+        x0, r0 = new.first(op, y)
+        s = _scale(x0)
+        whole = new(op, y)
+        torch.testing.assert_close(whole, new.correct(x0, r0, 0, op.axis, s, op.mask, phi_map(op)))
+        assert (whole - old(op, y)).abs().max() > 1e-4
+        other = new.correct(x0, r0, 0, op.axis, s, op.mask, torch.ones_like(x0))  # another phi: another correction
+        assert (other - whole).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="phi_input=true.*needs phi_map"):
+        new.refine(x0, r0, s, mask=op.mask)
+
+
+def test_pool_windows_carry_the_scenes_phi_map(tmp_path):
+    """FirstIterates(phi=True): each window carries its scene's phi_map there (computed over the whole scene, cut and
+    flipped with x), one map per distinct mask; the cached pool is the same file with or without it."""
+    from cassi.data.simulate import FixedMask
+    from cassi.models.refine import phi_map
+
+    ds = pool(tmp_path, phi=True)
+    s = ds.scenes
+    assert s["phi"].shape == (3, 5, 24, 24) and s["phi_index"].tolist() == [0, 1, 2]  # Bernoulli: a mask a scene
+    for i in range(len(ds)):
+        item = ds[i]
+        j, t, l, flips = _locate(item["x"], s)
+        want = phi_map(ds.simulator.operator(s["mask"][j:j + 1], 5))[0, :, t:t + 8, l:l + 8].half().float()
+        assert torch.equal(item["phi"], want.flip(flips) if flips else want)
+    assert "phi" not in pool(tmp_path)[0]  # the same cache, read without phi
+    one = FirstIterates(SyntheticCubes(3, 24, 24, bands=5, seed=3),
+                        Simulator(FixedMask(torch.rand(24, 24) > 0.5), bands=5, step=1), PINV, patch_size=8, phi=True)
+    assert one.scenes["phi"].shape[0] == 1 and one.scenes["phi_index"].tolist() == [0, 0, 0]
+
+
+def test_phi_windows_train_with_the_scenes_phi_map():
+    """Windows of a phi pool train a 2-stage projected model with the scene's phi_map at both stages (not the
+    window's own operator's, which differs near the window's edges); windows without phi are refused."""
+    from cassi.lightning import TrainingModule
+    from cassi.models.refine import phi_map
+
+    model = tiny(stages=2, solver=PINV, mask_input=True, phi_input=True, project=True)
+    module = TrainingModule(model, operator=lambda mask: CASSI(mask, bands=5, step=1))
+    batch = torch.utils.data.default_collate([pool(phi=True)[i] for i in range(4)])
+    loss = module.training_step(batch, 0)
+    loss.backward()
+    assert model.priors[0].down[0][0].weight.grad[:, 11:].abs().sum() > 0  # the phi inputs are trained
+    op, x, s, m, phi = CASSI(batch["mask"], bands=5, step=1), batch["x"], batch["scale"], batch["mask"], batch["phi"]
+    assert (phi_map(op) - phi).abs().max() > 0.1
+    with torch.no_grad():
+        x1 = model.refine(batch["x0"], batch["r"], s, stage=0, mask=m, phi=phi)
+        r1 = op.pinv(op(x) - op(x1))
+        x2 = model.refine(x1 + r1, r1, s, stage=1, mask=m, phi=phi)
+        assert torch.allclose(module.refine_windows(batch), x2 + op.pinv(op(x) - op(x2)), atol=1e-5)
+    with pytest.raises(ValueError, match="phi_input=true: its training windows need"):
+        module.training_step({k: v for k, v in batch.items() if k != "phi"}, 0)
+
+
+def test_init_weights_adds_phi_inputs_and_carries_them_to_another_camera(tmp_path):
+    """init_weights= from a model without phi_input into one with it: its first convolutions gain zero-weight
+    inputs; from one with it into another band count: the phi inputs are resampled as x's are; with it into one
+    without it: refused."""
+    from functools import partial
+
+    from cassi.lightning import TrainingModule
+
+    old = tiny(mask_input=True)
+    path = checkpoint(tmp_path / "w.ckpt", old, {"offsets": [0, 2, 4, 6, 8], "axis": "w", "bands": 5})
+    new = Refiner(bands=5, width=4, depth=2, solver=FAST_TV, mask_input=True, phi_input=True)
+    TrainingModule(new, partial(CASSI, bands=5, step=2), init_weights=str(path))
+    w_old, w_new = old.priors[0].down[0][0].weight, new.priors[0].down[0][0].weight
+    assert w_new.shape[1] == 16 and torch.equal(w_new[:, :11], w_old) and not w_new[:, 11:].any()
+    with torch.no_grad():
+        w_new[:, 11:] = w_new[:, :5]  # phi inputs weighted as x's: carried alike
+    path = checkpoint(tmp_path / "phi.ckpt", new, {"offsets": [0, 2, 4, 6, 8], "axis": "w", "bands": 5})
+    wide = Refiner(bands=7, width=4, depth=2, solver=FAST_TV, mask_input=True, phi_input=True)
+    TrainingModule(wide, partial(CASSI, bands=7, step=2), init_weights=str(path))
+    w = wide.priors[0].down[0][0].weight
+    assert w.shape[1] == 22 and torch.equal(w[:, 15:], w[:, :7]) and not torch.equal(w[:, 7:14], w[:, :7])
+    plain = Refiner(bands=5, width=4, depth=2, solver=FAST_TV, mask_input=True)
+    with pytest.raises(ValueError, match="phi_input"):
+        TrainingModule(plain, partial(CASSI, bands=5, step=2), init_weights=str(path))
