@@ -27,7 +27,7 @@ from cassi.models.camera import describe_camera
 from cassi.models.card import training_record
 from cassi.models.checkpoint import load_model, resolve_checkpoint
 from cassi.models.losses import ReconstructionLoss
-from cassi.models.refine import add_phi_inputs, stage_shapes, transfer_weights
+from cassi.models.refine import stage_shapes, transfer_weights
 
 log = logging.getLogger(__name__)
 
@@ -116,22 +116,16 @@ class TrainingModule(ReconstructionModule):
         Refiner may have more stages than the checkpoint's: its first stages start from those (stage-wise
         training, see ``cassi.models.FirstIterates``), or fewer: it starts from the checkpoint's first stages;
         and another first-iterate solver, ``project`` or
-        ``flip_ensemble``, or ``phi_input`` where the checkpoint has none (its new inputs start at zero weight);
-        and another camera: another band count (its U-Nets' band-wise weights interpolated
+        ``flip_ensemble``; and another camera: another band count (its U-Nets' band-wise weights interpolated
         across wavelength) or dispersion axis (kernels transposed), see ``cassi.models.refine.transfer_weights``."""
         trained = load_model(path)
         model.camera = getattr(trained, "camera", None)  # kept when the run's data record none
         refiner = type(model).__name__ == "Refiner"  # its first iterate and how stages chain are not in the weights
         ignore = {"checkpointing"} | ({"project", "solver", "flip_ensemble", "bands", "stages"} if refiner else set())
-        if refiner and config.get("phi_input") and not trained.config.get("phi_input"):
-            ignore.add("phi_input")
         k_have, k_want = trained.config.get("stages", 1), config.get("stages", 1)  # a Refiner's stages there, here
         state = trained.state_dict()
         if refiner:
             state = self._carried(trained, config["bands"], state, path)
-            if "phi_input" in ignore:
-                state = add_phi_inputs(state, config["bands"])
-                log.info(f"init_weights={path}: phi_input added (its inputs start at zero weight)")
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
         if refiner and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the stages both have
@@ -165,8 +159,7 @@ class TrainingModule(ReconstructionModule):
         log.info(f"init_weights={path}: carried from {trained.bands} to {bands} bands "
                  f"({'interpolated across wavelength' if known else 'by band position: wavelengths not known'})"
                  + (f", dispersion along {old_axis} to {axis} (kernels transposed)" if old_axis != axis else ""))
-        return transfer_weights(state, (trained.bands, bands), (old_nm, new_nm), old_axis != axis,
-                                phi=getattr(trained, "phi_input", False))
+        return transfer_weights(state, (trained.bands, bands), (old_nm, new_nm), old_axis != axis)
 
     @staticmethod
     def _trained_before(init_weights: str | None, given: dict | None) -> dict:
@@ -223,13 +216,10 @@ class TrainingModule(ReconstructionModule):
         project = getattr(rec, "project", False)
         op = self.operator(mask=batch["mask"]) if project or first < last else None
         y = op(x) if op is not None else None           # the window as a scene, noiseless
-        est, r, phi = batch["x0"], batch["r"], batch.get("phi")
-        if getattr(rec, "phi_input", False) and phi is None:
-            raise ValueError("this Refiner has phi_input=true: its training windows need the scenes' phi maps "
-                             "(cassi.models.FirstIterates phi=true; data=cave_refine sets it from model.phi_input)")
+        est, r = batch["x0"], batch["r"]
         for k in range(first, last):
-            est, r = rec.step(op, y, est, r, k, scale=s, phi=phi)
-        out = rec.refine(est, r, s, stage=last, mask=batch.get("mask"), phi=phi)
+            est, r = rec.step(op, y, est, r, k, scale=s)
+        out = rec.refine(est, r, s, stage=last, mask=batch.get("mask"))
         return op.data_step(out, y) if project else out  # ρ = 0: the GAP projection, one fused pass
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

@@ -29,8 +29,7 @@ from cassi.models.unrolled import Unrolled, _config, _plain
 from cassi.solvers.base import Solver
 from cassi.registry import register
 
-__all__ = ["Refiner", "FirstIterates", "build_solver", "DEFAULT_SOLVER", "spectral_interp", "transfer_weights",
-           "phi_map", "add_phi_inputs"]
+__all__ = ["Refiner", "FirstIterates", "build_solver", "DEFAULT_SOLVER", "spectral_interp", "transfer_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -56,26 +55,6 @@ def build_solver(spec) -> Solver:
 def _scale(x0: torch.Tensor) -> torch.Tensor:
     """s = mean(x₀)/0.5 per sample (B, 1, 1, 1); an all-dark sample keeps s = 2e-6."""
     return (x0.detach().mean(dim=(1, 2, 3), keepdim=True) / 0.5).clamp_min(2e-6)
-
-
-def phi_map(op) -> torch.Tensor:
-    """Φ̄·A⁺1 (1|B, C, H, W): per band the weight M_c/Φ(shifted back by d_c) that A⁺ gives each voxel (how many
-    measured voxels share its detector pixel), times the mean Φ over the pixels where Φ > 0: about 1 where a voxel is
-    measured, 0 where not."""
-    phi = op.phi
-    pos = phi > 0
-    mean = (phi * pos).sum(dim=(1, 2, 3), keepdim=True) / pos.sum(dim=(1, 2, 3), keepdim=True).clamp_min(1)
-    return op.pinv(torch.ones_like(phi)) * mean
-
-
-def add_phi_inputs(state: dict, bands: int) -> dict:
-    """A Refiner's state dict without ``phi_input`` made one with it: each U-Net's first convolution gains ``bands``
-    input channels of zero weight (the model computes what it did before, and training starts from there)."""
-    out = dict(state)
-    for key, w in state.items():
-        if key.startswith("priors.") and key.endswith(".down.0.0.weight"):
-            out[key] = torch.cat([w, w.new_zeros(w.shape[0], bands, *w.shape[2:])], dim=1)
-    return out
 
 
 def stage_shapes(config: dict) -> list[tuple[int, int]]:
@@ -109,9 +88,9 @@ def spectral_interp(src, dst) -> torch.Tensor:
 
 
 def transfer_weights(state: dict, bands: tuple[int, int], wavelengths: tuple | None = None,
-                     transpose: bool = False, phi: bool = False) -> dict:
-    """A Refiner's state dict carried to another camera: each U-Net's band-wise inputs (x and r, and with ``phi``
-    the Refiner's ``phi_input`` channels after them: the first convolution) and outputs (the last one) resampled from ``bands[0]`` to ``bands[1]`` bands by linear
+                     transpose: bool = False) -> dict:
+    """A Refiner's state dict carried to another camera: each U-Net's band-wise inputs (x and r, the first
+    convolution) and outputs (the last one) resampled from ``bands[0]`` to ``bands[1]`` bands by linear
     interpolation across wavelength, and with ``transpose`` every kernel transposed (a dispersion along the other
     axis: the network conjugated by the swap of H and W, exact). Inputs: W' = W·P with P = spectral_interp(to,
     from) (what the old bands would see of the new ones); outputs: W' = Q·W, b' = Q·b with Q = spectral_interp(from,
@@ -125,14 +104,11 @@ def transfer_weights(state: dict, bands: tuple[int, int], wavelengths: tuple | N
     out = {}
     for key, w in state.items():
         w = w.clone()
-        if key.startswith("priors.") and key.endswith(".down.0.0.weight"):  # in: [x (c0), r (c0), mask?, phi?]
-            masked = w.shape[1] - (3 if phi else 2) * c0
-            if masked not in (0, 1):
-                raise ValueError(f"transfer_weights: {key} has {w.shape[1]} inputs, not {3 if phi else 2}·{c0} (+1)")
-            def carry(i):  # the c0 band-wise inputs from channel i on
-                return torch.einsum("oskl,sd->odkl", w[:, i:i + c0].double(), p).to(w.dtype)
-            w = torch.cat([carry(0), carry(c0), w[:, 2 * c0:2 * c0 + masked],
-                           *([carry(2 * c0 + masked)] if phi else [])], dim=1)
+        if key.startswith("priors.") and key.endswith(".down.0.0.weight"):  # in: [x (c0), r (c0), mask?]
+            if w.shape[1] not in (2 * c0, 2 * c0 + 1):
+                raise ValueError(f"transfer_weights: {key} has {w.shape[1]} inputs, not 2·{c0} (+1)")
+            parts = [torch.einsum("oskl,sd->odkl", w[:, i * c0:(i + 1) * c0].double(), p).to(w.dtype) for i in (0, 1)]
+            w = torch.cat([*parts, w[:, 2 * c0:]], dim=1)
         elif key.startswith("priors.") and (key.endswith(".last.weight") or key.endswith(".last.bias")):
             if w.shape[0] != c0:
                 raise ValueError(f"transfer_weights: {key} has {w.shape[0]} outputs, not {c0}")
@@ -161,9 +137,6 @@ class Refiner(Unrolled):
             noisy measurements (+0.3 dB after stage 1 of cave_tsa, docs/training.md); with noise it fits the noise.
         mask_input: each U-Net also sees the mask where the window lies, M (B, 1, H, W) (the mean over bands of a
             per-band mask): input 2C + 1 channels, [x/s, r/s, M]. GAP-TV's errors follow the mask's pattern.
-        phi_input: each U-Net also sees, per band, the weight A⁺ gives each voxel (:func:`phi_map`, C channels
-            after the others): how many measured voxels share its detector pixel, which a 2-D mask alone does not
-            show within a window.
         flip_ensemble: in ``forward``, a stage's correction is the mean of the correction of x and the mirrored
             correction of x mirrored across the dispersion (along h when it runs along w; a mirror along it would
             reverse it), one batch of 2B: twice that U-Net's cost. True: every stage; a list: those stages (0-based;
@@ -177,9 +150,9 @@ class Refiner(Unrolled):
 
     def __init__(self, bands: int = 28, stages: int = 1, width: int | list[int] = 16, depth: int | list[int] = 4,
                  solver: dict | None = None, checkpointing: bool = False, project: bool = False,
-                 flip_ensemble: bool | list[int] = False, mask_input: bool = False, phi_input: bool = False):
+                 flip_ensemble: bool | list[int] = False, mask_input: bool = False):
         super().__init__(bands, stages, False, checkpointing, normalize=True)
-        self.project, self.mask_input, self.phi_input = bool(project), bool(mask_input), bool(phi_input)
+        self.project, self.mask_input = bool(project), bool(mask_input)
         self.flip_ensemble = _plain(flip_ensemble)  # a ListConfig becomes a list
         flip_ensemble = self.flip_ensemble
         if not isinstance(flip_ensemble, bool) and not (
@@ -194,7 +167,7 @@ class Refiner(Unrolled):
         self.solver = build_solver(solver)
         self.solver_spec = solver
         self.config = _config(self, dict(locals()))
-        self.priors = nn.ModuleList(UNet((2 + self.phi_input) * bands + self.mask_input, bands, w, d)
+        self.priors = nn.ModuleList(UNet(2 * bands + self.mask_input, bands, w, d)
                                     for w, d in stage_shapes(self.config))
 
     def first(self, op, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,11 +177,10 @@ class Refiner(Unrolled):
             return x0, op.pinv(y.detach() - op(x0))
 
     def refine(self, x: torch.Tensor, r: torch.Tensor, scale: torch.Tensor | None = None,
-               stage: int = -1, mask: torch.Tensor | None = None, phi: torch.Tensor | None = None) -> torch.Tensor:
+               stage: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x + s·U_stage([x, r]/s) (B, C, H, W); ``scale`` s (B, 1, 1, 1) defaults to mean(x)/0.5 (give the
         whole scene's when x is a window of it); ``mask`` (1|B, 1|C, H, W), the mask over x: needed with
-        ``mask_input``, else ignored; ``phi`` (1|B, C, H, W), :func:`phi_map` of the whole scene's operator over x:
-        needed with ``phi_input``, else ignored."""
+        ``mask_input``, else ignored."""
         s = _scale(x) if scale is None else scale.to(x.dtype)
         net = self.priors[stage]
         parts = [x / s, r / s]
@@ -218,11 +190,6 @@ class Refiner(Unrolled):
                                  f"{None if mask is None else tuple(mask.shape)}")
             m = mask.to(x.dtype).mean(dim=1, keepdim=True)
             parts.append(m.expand(x.shape[0], 1, *x.shape[-2:]))
-        if self.phi_input:
-            if phi is None or phi.shape[-3:] != x.shape[-3:]:
-                raise ValueError(f"this Refiner (phi_input=true) needs phi_map over x {tuple(x.shape)}, got "
-                                 f"{None if phi is None else tuple(phi.shape)}")
-            parts.append(phi.to(x.dtype).expand(x.shape[0], *x.shape[1:]))
         # channels_last: the CPU convolutions run 1.4–1.7× faster on it (measured, 256² batch 2)
         inp = torch.cat(parts, dim=1).contiguous(memory_format=torch.channels_last)
         if self.checkpointing and torch.is_grad_enabled():
@@ -232,40 +199,36 @@ class Refiner(Unrolled):
         return out.contiguous().to(x.dtype) * s
 
     def correct(self, x: torch.Tensor, r: torch.Tensor, stage: int, axis: str = "w",
-                scale: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                phi: torch.Tensor | None = None) -> torch.Tensor:
+                scale: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Stage ``stage``'s correction (B, C, H, W): :meth:`refine`, or with ``flip_ensemble`` on this stage the
         mean over x and x mirrored across the dispersion ``axis`` (one batch of 2B, the same s)."""
         ensemble = self.flip_ensemble
         if not (ensemble is True or (not isinstance(ensemble, bool) and stage in ensemble)):
-            return self.refine(x, r, scale, stage=stage, mask=mask, phi=phi)
+            return self.refine(x, r, scale, stage=stage, mask=mask)
         b, dim = x.shape[0], -1 if axis == "h" else -2
         s = (_scale(x) if scale is None else scale.to(x.dtype)).repeat(2, 1, 1, 1)
-        mask, phi = (None if t is None else torch.cat([t.expand(b, *t.shape[1:]), t.expand(b, *t.shape[1:]).flip(dim)])
-                     for t in (mask, phi))
-        both = self.refine(torch.cat([x, x.flip(dim)]), torch.cat([r, r.flip(dim)]), s, stage=stage, mask=mask,
-                           phi=phi)
+        if mask is not None:
+            mask = mask.expand(b, *mask.shape[1:])
+            mask = torch.cat([mask, mask.flip(dim)])
+        both = self.refine(torch.cat([x, x.flip(dim)]), torch.cat([r, r.flip(dim)]), s, stage=stage, mask=mask)
         return 0.5 * (both[:b] + both[b:].flip(dim))
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
         """x_K (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` [x₀, …, x_K]. ``gt`` is ignored."""
         self.check(op)
         x, r = self.first(op, y)
-        outs, phi = [x], phi_map(op) if self.phi_input else None
+        outs = [x]
         for k in range(self.stages):
-            x, r = self.step(op, y, x, r, k, residual=k < self.stages - 1, phi=phi)  # the last x needs no residual
+            x, r = self.step(op, y, x, r, k, residual=k < self.stages - 1)  # the last x needs no residual
             outs.append(x)
         return outs if return_stages else outs[-1]
 
     def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int, residual: bool = True,
-             scale: torch.Tensor | None = None, phi: torch.Tensor | None = None):
+             scale: torch.Tensor | None = None):
         """Stage ``stage``: x̃ = correct(x, r) and what it leaves of y, r' = A⁺(y − A x̃) (None unless
         ``residual``); returns (x̃ + r' with ``project``, else x̃; r'), both (B, C, H, W). ``scale``: s (B, 1, 1, 1)
-        when x is a window of a larger scene (default mean(x)/0.5); ``phi``: the whole scene's :func:`phi_map`
-        over x (default, with ``phi_input``: ``op``'s)."""
-        if self.phi_input and phi is None:
-            phi = phi_map(op)
-        x = self.correct(x, r, stage, op.axis, scale, op.mask if self.mask_input else None, phi)
+        when x is a window of a larger scene (default mean(x)/0.5)."""
+        x = self.correct(x, r, stage, op.axis, scale, op.mask if self.mask_input else None)
         if not (residual or self.project):
             return x, None
         r = op.pinv(y - op(x))
@@ -294,12 +257,9 @@ class FirstIterates(Dataset):
         device: where the solver (and the earlier stages) run over the scenes: None, CUDA when there is one; the
             scenes are kept on the CPU either way (the masks and noise are drawn on the CPU: the same masks, the
             noise equal up to the rounding of y).
-        phi: items also carry "phi", the scene's :func:`phi_map` over the window (for a Refiner with
-            ``phi_input``); computed from the scenes' masks after the pool is made or loaded (one per distinct mask).
 
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "mask": (1|C, h, w) the
-    scene's mask there, "phi": (C, h, w) with ``phi``, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name",
-    "stage": ``stages`` − 1,
+    scene's mask there, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name", "stage": ``stages`` − 1,
     the stage they feed (0-based): a model of more stages trains that one and every later one end to end}. They
     flip together, across the dispersion axis only (a flip along it would show errors of the opposite dispersion
     direction).
@@ -309,9 +269,8 @@ class FirstIterates(Dataset):
 
     def __init__(self, cubes: Dataset, simulator, solver=None, patch_size=64, samples_per_epoch: int = 1024,
                  seed: int = 0, cache: str | os.PathLike | None = None, stages: int = 1,
-                 init: str | os.PathLike | None = None, project: bool = False, device: str | None = None,
-                 phi: bool = False):
-        self.cubes, self.simulator, self.seed, self.epoch, self.phi = cubes, simulator, int(seed), 0, bool(phi)
+                 init: str | os.PathLike | None = None, project: bool = False, device: str | None = None):
+        self.cubes, self.simulator, self.seed, self.epoch = cubes, simulator, int(seed), 0
         self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         self.stages, self.init, self.project = int(stages), init, bool(project)
         if self.stages < 1:
@@ -370,7 +329,7 @@ class FirstIterates(Dataset):
         "names"}: computed (or read from the
         cache) on first use, or by :meth:`prepare`."""
         if self._scenes is None:
-            self._scenes = self._with_phi(self._advance(self._load() or self._compute()))
+            self._scenes = self._advance(self._load() or self._compute())
         return self._scenes
 
     def prepare(self) -> None:
@@ -540,22 +499,6 @@ class FirstIterates(Dataset):
                  self.init)
         return data
 
-    def _with_phi(self, data: dict) -> dict:
-        """With ``phi``: data["phi"] (U, C, H, W) float16, :func:`phi_map` of each distinct mask of the scenes, and
-        data["phi_index"] (N,), the row of each scene (a camera of one mask keeps one)."""
-        if not self.phi:
-            return data
-        maps, index, rows = [], [], {}
-        for i in range(len(data["names"])):
-            mask = data["mask"][i:i + 1].float()
-            key = hashlib.blake2b(mask.numpy().tobytes(), digest_size=16).digest()
-            if key not in rows:
-                rows[key] = len(maps)
-                maps.append(phi_map(self.simulator.operator(mask, data["x"].shape[1]))[0].half())
-            index.append(rows[key])
-        log.info("first iterates: phi_map of %d distinct mask(s)", len(maps))
-        return dict(data, phi=torch.stack(maps), phi_index=torch.tensor(index))
-
     # ------------------------------------------------------------------ windows
     def __len__(self) -> int:
         return self.length
@@ -573,8 +516,7 @@ class FirstIterates(Dataset):
         top, left = (int(torch.randint(m, (), generator=g)) for m in (H - h + 1, W - w + 1))
         flips = [self.flip_dim] if int(torch.randint(2, (), generator=g)) else []
         out = {}
-        for k in ("x", "x0", "r", "mask", *(["phi"] if "phi" in s else [])):
-            row = s["phi_index"][j] if k == "phi" else j
-            v = s[k][row, :, top:top + h, left:left + w].float()
+        for k in ("x", "x0", "r", "mask"):
+            v = s[k][j, :, top:top + h, left:left + w].float()
             out[k] = v.flip(flips).contiguous() if flips else v.contiguous()
         return out | {"scale": s["scale"][j].float(), "name": s["names"][j], "stage": self.stages - 1}
