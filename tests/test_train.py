@@ -244,6 +244,17 @@ def test_dauhst_stage_variants_differ_only_in_stages():
             assert cfg == base, variant
 
 
+def test_the_refiners_first_iterate_takes_plain_gap_without_a_plus():
+    """model.solver.accelerate=false (plain GAP, for real measurements: fit_camera's recipe in pretrained/tsa_real's
+    card) overrides a key the Refiner's solver lists; the default stays the accelerated GAP-TV."""
+    from hydra.utils import instantiate
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        for given, want in (([], True), (["model.solver.accelerate=false"], False)):
+            cfg = compose("train", overrides=["experiment=cave_tsa", "camera=tsa_real", *given])
+            assert instantiate(cfg.model).solver.accelerate is want
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e not in SAME_RUN])
 def test_fast_dev_run_of_every_experiment(experiment, tmp_path, shared_data):
