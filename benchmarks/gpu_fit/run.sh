@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # cave_any trained further on one GPU, in one call (about 9 minutes): the fit_camera recipe for camera=many, its U-Net
 # (stage 1), then a second one grown on it and both trained together on the same GAP-TV pool, at a larger batch.
-# The shipped two-U-Net pretrained/cave_any came from this script run on the one-U-Net cave_any of then (its card).
+# The shipped two-U-Net pretrained/cave_any came from this script: run on the one-U-Net cave_any of then, then with
+# S2=0 ARGS="model.stages=2 data.train.stages=1" (both U-Nets together from the start) on that model (its card).
 # Prepared here: .gpu/ as benchmarks/gpu_fit/setup.sh says.
 # Run:  bash benchmarks/gpu_fit/run.sh   (env: S1 stage 1's seconds, END the whole run's, S2 a cap on stage 2's,
 #       POOL scenes, B batch, ACCEL, INIT stage 1's start: default pretrained/cave_any, its first U-Net; TESTS_S the
 #       device tests' seconds, 0 for none;
 #       results in $OUT or ./gpu_out: each stage's best as weights only, metrics, logs)
-S1=${S1:-150}; END=${END:-520}; POOL=${POOL:-768}; B=${B:-32}; ACCEL=${ACCEL:-gpu}; INIT=${INIT:-pretrained/cave_any}
+S1=${S1:-150}; END=${END:-520}; POOL=${POOL:-768}; B=${B:-32}; ACCEL=${ACCEL:-gpu}; INIT=${INIT:-pretrained/cave_any}; TESTS_S=${TESTS_S:-60}
 source "$(dirname "$0")/setup.sh"
 hms() { printf "00:00:%02d:%02d" $(($1 / 60)) $(($1 % 60)); }  # Lightning's DD:HH:MM:SS
 
@@ -35,5 +36,5 @@ if [ -n "${BEST:-}" ]; then
   [ "$LEFT" -ge 60 ] && stage stage2 "$LEFT" "init_weights=$BEST" model.stages=2 data.train.stages=1 "data.train.cache=$R/stage1/first_iterates.pt"
 fi
 log "3. tests on the device"
-[ "${TESTS_S:-60}" = 0 ] || timeout "${TESTS_S:-60}" $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_refine.py 2>&1 | tail -4 | tee -a "$OUT/log.txt"
+[ "$TESTS_S" = 0 ] || timeout "$TESTS_S" $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_refine.py 2>&1 | tail -4 | tee -a "$OUT/log.txt"
 log done
