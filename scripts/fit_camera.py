@@ -8,7 +8,6 @@
 Writes output_dir/model.ckpt (load with ckpt=...) and output_dir/card.md; run it again to continue after a stop.
 """
 import sys
-from pathlib import Path
 
 import hydra
 import torch
@@ -17,9 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from cassi.data.camera import Camera
 from cassi.lightning.fit import Machine, fit_camera
-
-MACHINES = Path(__file__).resolve().parents[1] / "conf" / "machine"
-
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_camera")
 def main(cfg: DictConfig) -> None:
@@ -35,7 +31,8 @@ def main(cfg: DictConfig) -> None:
     if HydraConfig.get().runtime.choices.get("machine") == "auto":  # the pick's values, where none was given
         pick = "gpu" if torch.cuda.is_available() else "cpu"
         given = {k: v for k, v in machine.items() if v is not None}
-        machine = {**OmegaConf.to_container(OmegaConf.load(MACHINES / f"{pick}.yaml")), **given}
+        picked = hydra.compose(config_name=f"machine/{pick}").machine  # through Hydra's search path
+        machine = {**OmegaConf.to_container(picked), **given}
         print(f"fit_camera: machine={pick} ({'CUDA' if pick == 'gpu' else 'no CUDA GPU'} here; give machine=cpu or "
               f"machine=gpu to choose)")
     machine = Machine(**machine)
