@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from cassi.data.camera import Camera
 from cassi.lightning.fit import Machine, fit_camera
 
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_camera")
 def main(cfg: DictConfig) -> None:
     camera = OmegaConf.to_container(cfg.camera, resolve=True)
