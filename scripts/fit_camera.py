@@ -40,8 +40,8 @@ def main(cfg: DictConfig) -> None:
     print(f"fit_camera: plan priced at {machine.scene_s:g} s a pool scene, two stages from {machine.two_stages_min:g} "
           f"min of training; train.py: {' '.join(machine.train) or 'the recipe as it is'}")
     try:
-        fit_camera(cfg.output_dir, camera_overrides, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
-                   init=cfg.init, machine=machine)
+        fit_camera(cfg.output_dir, camera_overrides, machine, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
+                   init=cfg.init)
     except (RuntimeError, ValueError) as e:
         sys.exit(f"error: {e}")
 

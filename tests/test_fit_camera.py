@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from cassi.lightning.fit import Machine, plan
 from cassi.models import Refiner, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
+CPU = Machine(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "machine" / "cpu.yaml")))  # machine=cpu
 # a tiny fit: 3 pool scenes, 8 windows of 32² per epoch (2 steps), 6 steps, a width-4 U-Net, 64² validation/test crops,
 # the card's GAP-TV at 5 iterations
 TINY = ('recipe=["data.train.cubes.samples_per_epoch=3","data.train.cubes.patch_size=64","data.train.patch_size=32",'
@@ -35,16 +37,16 @@ def fit(out, *extra, wait=True, init="null"):
 
 
 def test_plan_follows_the_budget():
-    pool, phases = plan(0.5, noiseless=True)
+    pool, phases = plan(0.5, noiseless=True, machine=CPU)
     assert [p.name for p in phases] == ["stage1"] and 16 <= pool <= 768 and phases[0].minutes < 30
     assert "model.project=true" in phases[0].overrides
-    pool, phases = plan(1, noiseless=True)  # the tiny fit below: two stages, the second on the first's pool
+    pool, phases = plan(1, noiseless=True, machine=CPU)  # the tiny fit below: two stages
     assert [p.name for p in phases] == ["stage1", "stage2"] and sum(p.minutes for p in phases) < 60
-    pool, phases = plan(3, noiseless=False)
+    pool, phases = plan(3, noiseless=False, machine=CPU)
     assert [p.name for p in phases] == ["stage1", "stage2"] and "model.project=false" in phases[1].overrides
     assert sum(p.minutes for p in phases) + pool * 2.5 / 60 < 180
     with pytest.raises(ValueError, match="budget_hours must be > 0"):
-        plan(0, True)
+        plan(0, True, CPU)
 
 
 def test_plan_prices_the_machine():
@@ -52,7 +54,7 @@ def test_plan_prices_the_machine():
     pool, phases = plan(0.13, noiseless=True, machine=gpu)  # 7.8 minutes: a pool of 520 scenes, two stages
     assert pool == 520 and [p.name for p in phases] == ["stage1", "stage2"]
     assert sum(p.minutes for p in phases) == pytest.approx(7.8 - 520 * 0.18 / 60 - 0.78)
-    pool, phases = plan(0.13, noiseless=True)  # the same budget on the CPU: a smaller pool, one stage
+    pool, phases = plan(0.13, noiseless=True, machine=CPU)  # the same budget on the CPU: a smaller pool, one stage
     assert pool == 62 and [p.name for p in phases] == ["stage1"]
 
 
@@ -99,10 +101,10 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
 
     runs = fake_runs(monkeypatch)
     out = tmp_path / "fit"
-    _, (stage1, _) = plan(1, noiseless=True)
+    _, (stage1, _) = plan(1, noiseless=True, machine=CPU)
     said = []
     with pytest.raises(KeyboardInterrupt):
-        fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, echo=said.append)
+        fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=said.append)
     # progress: the pool's count, then each validation, once each
     assert said[2:5] == ["  stage1: GAP-TV pool 76/768 scenes, 3.4 min",
                          "  stage1: step 1023, 10.0 min: validation 31.00 dB (best 31.00)",
@@ -117,7 +119,8 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     out.rename(moved)
     # continued on a machine whose plan would have one stage: the plan of the first run stands
     fit_module.fit_camera(moved, ["camera=tsa_simulation"], budget_hours=1, echo=lambda *a: None,
-                          machine=Machine(two_stages_min=1000, train=["trainer.accelerator=gpu", "data.batch_size=32"]),
+                          machine=Machine(scene_s=0.1, two_stages_min=1000,
+                                          train=["trainer.accelerator=gpu", "data.batch_size=32"]),
                           recipe=["data.batch_size=4", "half=false"])
     assert runs[2][1]["trainer.max_time"] == "00:00:24:00"  # resumed with the time it was given
     assert runs[2][1]["hydra.run.dir"] == str(moved / "stage2")
@@ -135,7 +138,7 @@ def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_p
 
     runs = fake_runs(monkeypatch, stage1_minutes=50)  # 4 of stage 2's 23 planned minutes are left (a tenth: card)
     said = []
-    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, echo=said.append,
+    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=said.append,
                           recipe=["project=false", "half=false", "data.batch_size=4"])
     assert [script for script, _ in runs] == ["train.py", "model_card.py"]
     # the recipe's card settings go to the card, the rest to training

@@ -57,21 +57,20 @@ class Machine:
     """Where a fit runs, as the plan prices it (conf/machine/*.yaml): ``scene_s`` seconds of GAP-TV for one 256² pool
     scene, ``two_stages_min`` the minutes of training from which a second stage is planned, ``train`` train.py
     overrides for every training phase (e.g. the GPU's accelerator and batch). The plan is made once, at a fit's
-    first run: a fit continued on another machine keeps it and takes that machine's ``train``."""
-    scene_s: float = 1.5  # the 2-core CPU: GAP-TV (120 iterations) took 1.3–1.5 s a 256² scene at 31 bands
-    two_stages_min: float = 40.0
+    first run: a fit continued on another machine keeps it and takes that machine's ``train``. The measured
+    values live in conf/machine/cpu.yaml and gpu.yaml only."""
+    scene_s: float
+    two_stages_min: float
     train: list[str] = field(default_factory=list)
 
 
-def plan(budget_hours: float, noiseless: bool, pool: int | None = None,
-         machine: Machine | None = None) -> tuple[int, list[Phase]]:
+def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | None = None) -> tuple[int, list[Phase]]:
     """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``machine.scene_s`` a 256²
     scene), the rest for training, split 45/55 between one stage and two stages trained together (on the same
     pool) when there are at least ``machine.two_stages_min`` minutes to train, else one stage (on the CPU: 40 minutes;
     at 0.5 h two stages did not pay there, the pair trained together costing 3.3× a step)."""
     if budget_hours <= 0:
         raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
-    machine = machine or Machine()
     minutes = budget_hours * 60
     pool = pool or int(min(768, max(16, 0.2 * minutes * 60 / machine.scene_s)))
     train = max(1.0, minutes - pool * machine.scene_s / 60 - 0.1 * minutes)  # the card and validation: the last tenth
@@ -165,15 +164,14 @@ def progress(run: Path) -> str | None:
     return line
 
 
-def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.0, noiseless: bool = True,
-               recipe: list[str] | None = None, pool: int | None = None, init: str | None = None,
-               machine: Machine | None = None, echo=print) -> Path:
+def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget_hours: float = 3.0,
+               noiseless: bool = True, recipe: list[str] | None = None, pool: int | None = None,
+               init: str | None = None, echo=print) -> Path:
     """Run (or continue) the phases into ``output_dir``; returns ``output_dir/model.ckpt``. ``camera_overrides``:
     the ``camera=...`` / ``camera.<key>=...`` overrides of the camera (passed to every run); ``recipe``: more
     overrides for every training run (e.g. smaller data for a test); ``init``: the weights stage 1 starts from (a
     Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis), None: from
-    scratch; ``machine``: where it runs (the plan's prices and train.py overrides; default the CPU)."""
-    machine = machine or Machine()
+    scratch; ``machine``: where it runs (the plan's prices and train.py overrides)."""
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "plan.json"
@@ -184,7 +182,7 @@ def fit_camera(output_dir, camera_overrides: list[str], budget_hours: float = 3.
     if "phases" in state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
         size, phases = state["pool"], [Phase(**p) for p in state["phases"]]
     else:
-        size, phases = plan(budget_hours, noiseless, pool, machine)
+        size, phases = plan(budget_hours, noiseless, machine, pool)
     state.setdefault("camera", camera_overrides)
     state.setdefault("budget_hours", budget_hours)
     state.setdefault("spent_min", 0.0)
