@@ -10,7 +10,6 @@ precomputed (x, x₀, r) — no operator and no solver in the training loop (:cl
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import inspect
 import logging
@@ -51,25 +50,6 @@ def build_solver(spec) -> Solver:
         raise ValueError(f"solver must be a dict {{'_target_': 'cassi.solvers.GAPTV', ...}}, got {spec!r}")
     args = dict(spec)
     return resolve(args.pop("_target_"), Solver, "solver class")(**args)
-
-
-def _solver_key(spec) -> str:
-    """A solver dict as a pool's key holds it: its class's constructor defaults filled in and the keys sorted, so
-    that one solver spelt two ways (a key at its default given or left out) keys the same pool; repr otherwise."""
-    if isinstance(spec, str):  # a stored key's repr (a plain dict of plain values)
-        try:
-            spec = ast.literal_eval(spec)
-        except (ValueError, SyntaxError):
-            return spec
-    if not isinstance(spec, dict):
-        return repr(spec)
-    try:
-        cls = resolve(spec.get("_target_"), Solver, "solver class")
-    except ValueError:
-        return repr(spec)
-    full = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-            if k != "self" and p.default is not inspect.Parameter.empty}
-    return repr(dict(sorted({**full, **spec}.items())))
 
 
 def _scale(x0: torch.Tensor) -> torch.Tensor:
@@ -323,7 +303,7 @@ class FirstIterates(Dataset):
         masks = getattr(self.simulator, "masks", None)
         mask = getattr(masks, "mask", None)
         digest = hashlib.blake2b(mask.numpy().tobytes()).hexdigest() if isinstance(mask, torch.Tensor) else None
-        return {"solver": _solver_key(self.solver_spec), "simulator": repr(self.simulator), "mask": digest,
+        return {"solver": repr(self.solver_spec), "simulator": repr(self.simulator), "mask": digest,
                 "masks": settings(masks) if masks is not None else None, "count": len(self.cubes),
                 "cubes": settings(self.cubes), "seed": self.seed}
 
@@ -333,7 +313,6 @@ class FirstIterates(Dataset):
         now = self._key()
         if not isinstance(stored, dict) or stored.keys() != now.keys():
             return False
-        stored = {**stored, "solver": _solver_key(stored["solver"])}  # a pool keyed before the defaults were filled in
         for part, obj in (("masks", getattr(self.simulator, "masks", None)), ("cubes", self.cubes)):
             if isinstance(stored[part], dict) and isinstance(now[part], dict):
                 default = {}  # constructor defaults, a subclass's over its bases'
