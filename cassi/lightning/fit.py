@@ -17,8 +17,8 @@ A phase that finished leaves ``D/<phase>/done.json`` (its best checkpoint named 
 can be moved, e.g. from a GPU machine, and continued); run the same command again after a stop and it continues:
 finished phases are kept, an unfinished training resumes from its ``last.ckpt``, an unfinished pool from its
 pieces. The time spent is booked in ``D/plan.json`` as it goes (kills included); with two stages the second gets
-what the budget has left when it starts (the pool's time is an estimate), less a tenth for the card, and is
-skipped when that is under a fifth of its plan.
+what the budget has left when it starts (the pool's time is an estimate), less the card's reserve (:func:`reserve`),
+and is skipped when that is under a fifth of its plan.
 """
 from __future__ import annotations
 
@@ -64,6 +64,12 @@ class Machine:
     train: list[str] = field(default_factory=list)
 
 
+def reserve(minutes: float) -> float:
+    """Minutes of a budget kept for the card and the phases' start-ups: a tenth, at most 5. The card took about a
+    minute on the 2-core CPU (the cave_tsa remake, 2026-11-28), where a tenth left 27 of 300 minutes unused."""
+    return min(0.1 * minutes, 5.0)
+
+
 def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | None = None) -> tuple[int, list[Phase]]:
     """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``machine.scene_s`` a 256²
     scene), the rest for training, split 45/55 between one stage and two stages trained together (on the same
@@ -73,7 +79,7 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
         raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
     minutes = budget_hours * 60
     pool = pool or int(min(768, max(16, 0.2 * minutes * 60 / machine.scene_s)))
-    train = max(1.0, minutes - pool * machine.scene_s / 60 - 0.1 * minutes)  # the card and validation: the last tenth
+    train = max(1.0, minutes - pool * machine.scene_s / 60 - reserve(minutes))
     project = [f"model.project={str(noiseless).lower()}"]
     if train < machine.two_stages_min:
         return pool, [Phase("stage1", train, project)]
@@ -233,8 +239,8 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
         run.mkdir(exist_ok=True)
         last = run / "checkpoints" / "last.ckpt"
         if phase.name not in state["minutes"]:  # the last phase trains for what the budget has left (less the card's
-            # tenth): the pool's time is an estimate (machine.scene_s), and cameras differ
-            rest = budget_hours * 60 * 0.9 - state["spent_min"]
+            # reserve): the pool's time is an estimate (machine.scene_s), and cameras differ
+            rest = budget_hours * 60 - reserve(budget_hours * 60) - state["spent_min"]
             state["minutes"][phase.name] = rest if phase is phases[-1] and len(phases) > 1 else phase.minutes
             save()
         left = state["minutes"][phase.name]
