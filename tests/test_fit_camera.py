@@ -46,6 +46,11 @@ def test_plan_follows_the_budget():
     assert [p.name for p in phases] == ["stage1", "stage2"] and "model.project=false" in phases[1].overrides
     # all but 5 minutes (the card's reserve) planned: the pool's time, then training
     assert sum(p.minutes for p in phases) + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
+    # from an init with two U-Nets (cave_any): the pair from the start, all the training time theirs
+    pool2, (pair,) = plan(3, noiseless=False, machine=CPU, init_stages=2)
+    assert pool2 == pool and pair.name == "stage2" and {"model.stages=2", "model.project=false"} <= set(pair.overrides)
+    assert pair.minutes + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
+    assert [p.name for p in plan(0.5, True, CPU, init_stages=2)[1]] == ["stage1"]  # too short for the pair
     with pytest.raises(ValueError, match="budget_hours must be > 0"):
         plan(0, True, CPU)
 
@@ -132,6 +137,21 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     assert runs[3][1]["ckpt"] == str(moved / "stage2" / "checkpoints" / "best-epoch000.ckpt")
     assert "trainer.accelerator" not in runs[3][1] and runs[3][1]["half"] == "false"
     assert json.loads((moved / "plan.json").read_text())["spent_min"] == pytest.approx(100)
+
+
+def test_an_init_with_two_u_nets_trains_the_pair_from_both(tmp_path, monkeypatch):
+    """cave_any has two U-Nets: the fit trains both together from them, one phase, its own pool."""
+    import cassi.lightning.fit as fit_module
+
+    runs = fake_runs(monkeypatch)
+    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=lambda *a: None,
+                          init="pretrained/cave_any")
+    assert [script for script, _ in runs] == ["train.py", "model_card.py"]
+    train = runs[0][1]
+    assert train["hydra.run.dir"] == str(tmp_path / "stage2") and train["init_weights"] == "pretrained/cave_any"
+    assert train["model.stages"] == "2" and train["data.train.stages"] == "1" and "data.train.cache" not in train
+    _, (pair,) = plan(1, noiseless=True, machine=CPU, init_stages=2)
+    assert train["trainer.max_time"] == f"00:00:{int(pair.minutes):02d}:{round(pair.minutes % 1 * 60):02d}"
 
 
 def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_path, monkeypatch):

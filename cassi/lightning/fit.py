@@ -8,7 +8,8 @@ Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
    (``model.mask_input``: +0.28 dB on the validation windows of a held-out camera at 0.5 h), trained on windows of
    a pool of GAP-TV reconstructions of training crops measured through the camera (relit, shaded, spectrally
    shifted/stretched), each stage projected onto y when the camera is noiseless; the checkpoint is chosen on validation windows.
-2. ``stage2`` (when the budget allows): a second U-Net grown on stage 1 (``init_weights``), both trained together.
+2. ``stage2`` (when the budget allows): a second U-Net grown on stage 1 (``init_weights``), both trained together;
+   where ``init`` has two U-Nets (``cave_any``), this phase alone, started from both.
 3. ``card``: the best checkpoint scored beside A⁺y and GAP-TV on the validation windows (the quadrants of the
    validation scenes it was chosen on) and the test scenes
    (``scripts/model_card.py``), written as ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
@@ -35,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cassi.io import write_text_atomic
+from cassi.models import load_model
 
 __all__ = ["Machine", "Phase", "plan", "progress", "fit_camera"]
 
@@ -70,21 +72,26 @@ def reserve(minutes: float) -> float:
     return min(0.1 * minutes, 5.0)
 
 
-def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | None = None) -> tuple[int, list[Phase]]:
+def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | None = None,
+         init_stages: int = 1) -> tuple[int, list[Phase]]:
     """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``machine.scene_s`` a 256²
-    scene), the rest for training, split 45/55 between one stage and two stages trained together (on the same
-    pool) when there are at least ``machine.two_stages_min`` minutes to train, else one stage (on the CPU: 40 minutes;
-    at 0.5 h two stages did not pay there, the pair trained together costing 3.3× a step)."""
+    scene), the rest for training: one stage when there are fewer than ``machine.two_stages_min`` minutes to train
+    (on the CPU: 40 minutes; at 0.5 h two stages did not pay there, the pair trained together costing 3.3× a step),
+    else two stages trained together: started from the init's two U-Nets where it has two (``init_stages``, e.g.
+    ``cave_any``), all the time theirs; else a first stage alone for 45% of it, then the pair for 55% (on the same
+    pool)."""
     if budget_hours <= 0:
         raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
     minutes = budget_hours * 60
     pool = pool or int(min(768, max(16, 0.2 * minutes * 60 / machine.scene_s)))
     train = max(1.0, minutes - pool * machine.scene_s / 60 - reserve(minutes))
     project = [f"model.project={str(noiseless).lower()}"]
+    pair = [*project, "model.stages=2", "data.train.stages=1"]  # the second's pool cache: _phases
     if train < machine.two_stages_min:
         return pool, [Phase("stage1", train, project)]
-    return pool, [Phase("stage1", 0.45 * train, project),
-                  Phase("stage2", 0.55 * train, [*project, "model.stages=2", "data.train.stages=1"])]  # cache: below
+    if init_stages >= 2:
+        return pool, [Phase("stage2", train, pair)]
+    return pool, [Phase("stage1", 0.45 * train, project), Phase("stage2", 0.55 * train, pair)]
 
 
 def _best(run: Path) -> Path | None:
@@ -188,7 +195,8 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     if "phases" in state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
         size, phases = state["pool"], [Phase(**p) for p in state["phases"]]
     else:
-        size, phases = plan(budget_hours, noiseless, machine, pool)
+        stages = getattr(load_model(init), "config", {}).get("stages", 1) if init else 1
+        size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=stages)
     state.setdefault("camera", camera_overrides)
     state.setdefault("budget_hours", budget_hours)
     state.setdefault("spent_min", 0.0)
