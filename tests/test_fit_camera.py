@@ -120,6 +120,9 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     assert runs[0][1]["trainer.max_time"] == f"00:00:{int(stage1.minutes):02d}:{round(stage1.minutes % 1 * 60):02d}"
     assert state["minutes"]["stage2"] == pytest.approx(60 - 5 - 30)  # what the budget had left, less the card's 5
     assert runs[1][1]["trainer.max_time"] == "00:00:25:00"
+    # the last phase ends with the budget less the card's reserve, whatever its pool takes; the first has its plan
+    assert "callbacks.deadline.at" not in runs[0][1]
+    assert float(runs[1][1]["callbacks.deadline.at"]) == pytest.approx(time.time() + 25 * 60, abs=30)
     assert json.loads((out / "stage1" / "done.json").read_text())["best"] == "stage1/checkpoints/best-epoch000.ckpt"
     moved = tmp_path / "moved"  # a fit's folder continues where it was moved to (e.g. from a GPU machine)
     out.rename(moved)
@@ -129,6 +132,7 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
                                           train=["trainer.accelerator=gpu", "data.batch_size=32"]),
                           recipe=["data.batch_size=4", "half=false"])
     assert runs[2][1]["trainer.max_time"] == "00:00:25:00"  # resumed with the time it was given
+    assert float(runs[2][1]["callbacks.deadline.at"]) == pytest.approx(time.time() + 15 * 60, abs=30)  # 10 spent
     assert runs[2][1]["hydra.run.dir"] == str(moved / "stage2")
     assert runs[2][1]["init_weights"] == str(moved / "stage1" / "checkpoints" / "best-epoch000.ckpt")
     assert "half" not in runs[2][1]
@@ -152,6 +156,7 @@ def test_an_init_with_two_u_nets_trains_the_pair_from_both(tmp_path, monkeypatch
     assert train["model.stages"] == "2" and train["data.train.stages"] == "1" and "data.train.cache" not in train
     _, (pair,) = plan(1, noiseless=True, machine=CPU, init_stages=2)
     assert train["trainer.max_time"] == f"00:00:{int(pair.minutes):02d}:{round(pair.minutes % 1 * 60):02d}"
+    assert float(train["callbacks.deadline.at"]) == pytest.approx(time.time() + 55 * 60, abs=30)  # its pool's too
 
 
 def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_path, monkeypatch):

@@ -350,6 +350,43 @@ def test_a_run_bounded_by_time_alone_follows_its_time_budget(tmp_path):
     assert conf["optimizer"].param_groups[0]["lr"] == pytest.approx(lr0 * 0.5 * (1 + math.cos(math.pi * 0.25)), rel=1e-3)
 
 
+def test_a_deadline_resets_the_time_budget_and_the_cosine_follows():
+    """fit_camera's last phase ends at the budget's end whatever its pool took: callbacks.deadline sets the Timer's
+    budget at the start of training to the time trained before (a resume's) plus what is left until the deadline."""
+    import math
+    import time
+    from functools import partial
+
+    import lightning as L
+    from lightning.pytorch.callbacks import Timer
+
+    from cassi.lightning import TrainingModule, warmup_cosine
+    from cassi.lightning.callbacks import Deadline
+    from cassi.models import GAPNet
+
+    module = TrainingModule(GAPNet(bands=4, stages=1, width=4, depth=2), partial(CASSI, bands=4, step=2),
+                            scheduler=partial(warmup_cosine, warmup_steps=0))
+    trainer = L.Trainer(max_time={"seconds": 100}, max_steps=-1, max_epochs=-1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False)
+    module.trainer = trainer
+    timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
+    timer._offset = 25.0  # trained 25 s before a resume
+    conf = module.configure_optimizers()
+    Deadline(at=None).on_train_start(trainer, module)
+    assert timer._duration == 100
+    Deadline(at=time.time() + 300).on_train_start(trainer, module)
+    assert timer._duration == pytest.approx(325, abs=2)
+    lr0 = conf["optimizer"].param_groups[0]["initial_lr"]
+    conf["lr_scheduler"]["scheduler"].step()
+    assert conf["optimizer"].param_groups[0]["lr"] == pytest.approx(lr0 * 0.5 * (1 + math.cos(math.pi * 25 / 325)),
+                                                                    rel=1e-2)
+    Deadline(at=time.time() - 600, min_minutes=2).on_train_start(trainer, module)  # past: a minimum still trains
+    assert timer._duration == pytest.approx(25 + 120, abs=2)
+    with pytest.raises(ValueError, match="trainer.max_time"):
+        Deadline(at=time.time()).on_train_start(L.Trainer(max_steps=1, logger=False, enable_checkpointing=False,
+                                                          enable_progress_bar=False), module)
+
+
 @pytest.mark.slow
 def test_benchmark_models_script(tmp_path):
     run("benchmark_models.py", "models=[gapnet,dauhst_2stg]", "bands=4", "flops_size=32", "train_size=16",

@@ -364,3 +364,27 @@ class ElapsedTime(Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.cpu_min, self.wall_min = float(state_dict["cpu_min"]), float(state_dict["wall_min"])
+
+
+class Deadline(Callback):
+    """Ends training at a wall-clock time ``at`` (seconds since the epoch, ``time.time()``; None: no deadline),
+    whatever came before the training loop (a pool computed in the data's setup, a resume): at the start of
+    training it sets the budget of ``trainer.max_time``'s Timer to the time trained before (a resumed run's) plus
+    what is left until ``at``, at least ``min_minutes``; the learning-rate cosine that follows the Timer
+    (:func:`cassi.lightning.training.warmup_cosine`) ends there too. ``scripts/fit_camera.py`` gives its last phase
+    the end of the budget, so that a pool faster than the plan priced it leaves its time to training."""
+
+    def __init__(self, at: float | None = None, min_minutes: float = 1.0):
+        self.at, self.min_minutes = at, float(min_minutes)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.at is None:
+            return
+        from lightning.pytorch.callbacks import Timer
+
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        if timer is None:
+            raise ValueError("callbacks.deadline.at needs trainer.max_time (the Timer it resets)")
+        left = max(float(self.at) - time.time(), 60 * self.min_minutes)
+        timer._duration = timer.time_elapsed("train") + left
+        log.info("deadline: training ends in %.1f min (%.1f min in all)", left / 60, timer._duration / 60)

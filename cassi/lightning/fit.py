@@ -17,9 +17,10 @@ Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
 A phase that finished leaves ``D/<phase>/done.json`` (its best checkpoint named relative to ``D``, so that a fit
 can be moved, e.g. from a GPU machine, and continued); run the same command again after a stop and it continues:
 finished phases are kept, an unfinished training resumes from its ``last.ckpt``, an unfinished pool from its
-pieces. The time spent is booked in ``D/plan.json`` as it goes (kills included); with two stages the second gets
-what the budget has left when it starts (the pool's time is an estimate), less the card's reserve (:func:`reserve`),
-and is skipped when that is under a fifth of its plan.
+pieces. The time spent is booked in ``D/plan.json`` as it goes (kills included); the last phase trains until the
+budget's end, less the card's reserve (:func:`reserve`), from whenever its training loop starts
+(``callbacks.deadline``: the pool's time is an estimate, ``machine.scene_s``); with two stages the second is skipped
+when what the budget has left is under a fifth of its plan.
 """
 from __future__ import annotations
 
@@ -257,9 +258,13 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
             write_text_atomic(done, json.dumps({"best": _relative(previous, out), "skipped": True}))
             continue
         left = max(1.0, left)
+        # the last phase ends with the budget (less the card's reserve), however long its pool took: the plan's
+        # pool time is an estimate (machine.scene_s), and what a faster pool leaves goes to training
+        end = budget_hours * 60 - reserve(budget_hours * 60) - state["spent_min"]
+        deadline = [f"callbacks.deadline.at={time.time() + 60 * max(end, 1.0):.0f}"] if phase is phases[-1] else []
         hms = f"00:{int(left // 60):02d}:{int(left % 60):02d}:{int(round(left % 1 * 60)) % 60:02d}"
         overrides = [*base, *phase.overrides, f"hydra.run.dir={run}", f"paths.output_dir={run}",
-                     f"trainer.max_time={hms}", "trainer.max_steps=-1",
+                     f"trainer.max_time={hms}", *deadline, "trainer.max_steps=-1",
                      *([f"init_weights={previous or init}"] if (previous or init) and not last.is_file() else []),
                      *([f"ckpt_path={last}"] if last.is_file() else []),
                      *([f"data.train.cache={out / phases[0].name / 'first_iterates.pt'}"] if phase is not phases[0] else []),
