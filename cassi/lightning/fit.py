@@ -269,7 +269,9 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
                      *([f"ckpt_path={last}"] if last.is_file() else []),
                      *([f"data.train.cache={out / phases[0].name / 'first_iterates.pt'}"] if phase is not phases[0] else []),
                      *[o for o in recipe or [] if not o.startswith(CARD_KEYS)]]
-        echo(f"  {phase.name}: training for up to {left:.1f} min{' (resumed)' if last.is_file() else ''}; "
+        span = (f"until the budget's end, {max(end, 1.0):.1f} min from now (its pool included)" if deadline
+                else f"for up to {left:.1f} min")
+        echo(f"  {phase.name}: training {span}{' (resumed)' if last.is_file() else ''}; "
              f"log {run / 'console.log'}")
         _run("train.py", overrides, run / "console.log", tick=lambda: save(run=run))  # train.log: Hydra's own
         save()
