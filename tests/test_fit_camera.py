@@ -50,7 +50,8 @@ def test_plan_follows_the_budget():
     pool2, (pair,) = plan(3, noiseless=False, machine=CPU, init_stages=2)
     assert pool2 == pool and pair.name == "stage2" and {"model.stages=2", "model.project=false"} <= set(pair.overrides)
     assert pair.minutes + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
-    assert [p.name for p in plan(0.5, True, CPU, init_stages=2)[1]] == ["stage1"]  # too short for the pair
+    assert [p.name for p in plan(0.5, True, CPU, init_stages=2)[1]] == ["stage2"]  # at any budget
+    assert [p.name for p in plan(0.5, True, CPU)[1]] == ["stage1"]  # a U-Net grown: not under 40 minutes
     with pytest.raises(ValueError, match="budget_hours must be > 0"):
         plan(0, True, CPU)
 

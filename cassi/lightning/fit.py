@@ -3,13 +3,14 @@ wall-clock budget and resumable at any moment.
 
 Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
 
-1. ``stage1``: GAP-TV corrected by one residual U-Net (``model=refiner``), started from ``init`` (by default
-   ``pretrained/cave_any``'s first U-Net, carried to the camera's bands and dispersion axis: ``transfer_weights``), that also reads the mask
+1. ``stage1``: GAP-TV corrected by one residual U-Net (``model=refiner``), started from ``init`` (its first U-Net,
+   carried to the camera's bands and dispersion axis: ``transfer_weights``), that also reads the mask
    (``model.mask_input``: +0.28 dB on the validation windows of a held-out camera at 0.5 h), trained on windows of
    a pool of GAP-TV reconstructions of training crops measured through the camera (relit, shaded, spectrally
    shifted/stretched), each stage projected onto y when the camera is noiseless; the checkpoint is chosen on validation windows.
 2. ``stage2`` (when the budget allows): a second U-Net grown on stage 1 (``init_weights``), both trained together;
-   where ``init`` has two U-Nets (``cave_any``), this phase alone, started from both.
+   where ``init`` has two U-Nets (the default, ``pretrained/cave_any``), this phase alone, started from both, at
+   any budget.
 3. ``card``: the best checkpoint scored beside A⁺y and GAP-TV on the validation windows (the quadrants of the
    validation scenes it was chosen on) and the test scenes
    (``scripts/model_card.py``), written as ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
@@ -76,11 +77,12 @@ def reserve(minutes: float) -> float:
 def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | None = None,
          init_stages: int = 1) -> tuple[int, list[Phase]]:
     """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``machine.scene_s`` a 256²
-    scene), the rest for training: one stage when there are fewer than ``machine.two_stages_min`` minutes to train
-    (on the CPU: 40 minutes; at 0.5 h two stages did not pay there, the pair trained together costing 3.3× a step),
-    else two stages trained together: started from the init's two U-Nets where it has two (``init_stages``, e.g.
-    ``cave_any``), all the time theirs; else a first stage alone for 45% of it, then the pair for 55% (on the same
-    pool)."""
+    scene), the rest for training. From an init with two U-Nets (``init_stages``, e.g. ``cave_any``) both are
+    trained together from the start, all the time theirs, at any budget (at 0.5 h on the 2-core CPU, from
+    ``cave_any``'s fifth piece: +0.13 dB on a held-out camera's validation windows over its first U-Net alone, at
+    3.3× the time a step). Else one stage when there are fewer than ``machine.two_stages_min`` minutes to train (on
+    the CPU: 40 minutes; a second U-Net grown at 0.5 h did not pay there), else a first stage alone for 45% of it,
+    then a second grown on it and the pair trained for 55% (on the same pool)."""
     if budget_hours <= 0:
         raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
     minutes = budget_hours * 60
@@ -88,10 +90,10 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
     train = max(1.0, minutes - pool * machine.scene_s / 60 - reserve(minutes))
     project = [f"model.project={str(noiseless).lower()}"]
     pair = [*project, "model.stages=2", "data.train.stages=1"]  # the second's pool cache: _phases
-    if train < machine.two_stages_min:
-        return pool, [Phase("stage1", train, project)]
     if init_stages >= 2:
         return pool, [Phase("stage2", train, pair)]
+    if train < machine.two_stages_min:
+        return pool, [Phase("stage1", train, project)]
     return pool, [Phase("stage1", 0.45 * train, project), Phase("stage2", 0.55 * train, pair)]
 
 
@@ -183,7 +185,7 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
                init: str | None = None, echo=print) -> Path:
     """Run (or continue) the phases into ``output_dir``; returns ``output_dir/model.ckpt``. ``camera_overrides``:
     the ``camera=...`` / ``camera.<key>=...`` overrides of the camera (passed to every run); ``recipe``: more
-    overrides for every training run (e.g. smaller data for a test); ``init``: the weights stage 1 starts from (a
+    overrides for every training run (e.g. smaller data for a test); ``init``: the weights the fit starts from (a
     Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis), None: from
     scratch; ``machine``: where it runs (the plan's prices and train.py overrides)."""
     out = Path(output_dir).resolve()
