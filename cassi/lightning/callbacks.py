@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.callbacks import BasePredictionWriter, Callback
+from lightning.pytorch.callbacks import BasePredictionWriter, Callback, Timer
 
 from cassi import viz
 from cassi.data.datasets import _wavelengths
@@ -380,8 +380,6 @@ class Deadline(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         if self.at is None:
             return
-        from lightning.pytorch.callbacks import Timer
-
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
         if timer is None:
             raise ValueError("callbacks.deadline.at needs trainer.max_time (the Timer it resets)")

@@ -249,10 +249,11 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
             continue
         run.mkdir(exist_ok=True)
         last = run / "checkpoints" / "last.ckpt"
-        if phase.name not in state["minutes"]:  # the last phase trains for what the budget has left (less the card's
-            # reserve): the pool's time is an estimate (machine.scene_s), and cameras differ
-            rest = budget_hours * 60 - reserve(budget_hours * 60) - state["spent_min"]
-            state["minutes"][phase.name] = rest if phase is phases[-1] and len(phases) > 1 else phase.minutes
+        # the last phase trains until the budget's end (less the card's reserve), however long its pool takes: the
+        # plan's pool time is an estimate (machine.scene_s), cameras differ, and what a faster pool leaves is training's
+        end = budget_hours * 60 - reserve(budget_hours * 60) - state["spent_min"]
+        if phase.name not in state["minutes"]:
+            state["minutes"][phase.name] = end if phase is phases[-1] and len(phases) > 1 else phase.minutes
             save()
         left = state["minutes"][phase.name]
         if previous is not None and left < 0.2 * phase.minutes:  # too little left for it to pay: the last one stands
@@ -260,9 +261,6 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
             write_text_atomic(done, json.dumps({"best": _relative(previous, out), "skipped": True}))
             continue
         left = max(1.0, left)
-        # the last phase ends with the budget (less the card's reserve), however long its pool took: the plan's
-        # pool time is an estimate (machine.scene_s), and what a faster pool leaves goes to training
-        end = budget_hours * 60 - reserve(budget_hours * 60) - state["spent_min"]
         deadline = [f"callbacks.deadline.at={time.time() + 60 * max(end, 1.0):.0f}"] if phase is phases[-1] else []
         hms = f"00:{int(left // 60):02d}:{int(left % 60):02d}:{int(round(left % 1 * 60)) % 60:02d}"
         overrides = [*base, *phase.overrides, f"hydra.run.dir={run}", f"paths.output_dir={run}",
