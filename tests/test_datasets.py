@@ -391,6 +391,35 @@ def test_cube_files_spectral_stretch_spreads_the_band_centres_about_their_middle
         CubeFiles(tmp_path, spectral_stretch=0.2)
 
 
+def test_cube_files_zoom_reads_windows_of_random_scale_resized_to_the_patch(tmp_path):
+    # x[c, h, w] = w: a crop read over a window s times the patch and resized has slope s along w, none along h
+    ramp = np.broadcast_to(np.arange(64, dtype=np.float32), (2, 64, 64)).copy()
+    io.save_cube(tmp_path / "ramp.npy", ramp, layout="chw")
+    kw = dict(patch_size=16, samples_per_epoch=64)
+
+    def slopes(ds):
+        out = []
+        for i in range(len(ds)):
+            x = ds[i]["x"].double()
+            assert x.shape == (2, 16, 16) and torch.equal(x[0], x[1])
+            assert torch.allclose(x, x[:, :1].expand_as(x), atol=1e-5)  # nothing along h
+            assert x.min() >= 0 and x.max() <= 63  # inside the file
+            d = x[0, 0, 1:] - x[0, 0, :-1]
+            assert (d[4:-4] > 0).all()  # rising; inside (the filter clamps at the edges) the window's scale on average
+            out.append(float(d[4:-4].mean()))
+        return torch.tensor(out)
+
+    s = slopes(CubeFiles(tmp_path, zoom=1, **kw))
+    assert s.min() >= 0.5 - 0.04 and s.max() <= 2 + 0.04  # 2^U(−1, 1), on a whole number of pixels
+    assert s.min() < 0.7 and s.max() > 1.6 and ((s - 1).abs() > 0.1).float().mean() > 0.5
+    assert torch.equal(slopes(CubeFiles(tmp_path, **kw)), torch.ones(64, dtype=torch.float64))  # default: none
+    assert slopes(CubeFiles(tmp_path, zoom=3, **kw)).max() <= 4 + 0.04  # at most the whole file (64 = 4 × 16)
+    with pytest.raises(ValueError, match="zoom"):
+        CubeFiles(tmp_path, zoom=-1, **kw)
+    with pytest.raises(ValueError, match="zoom needs patch_size"):
+        CubeFiles(tmp_path, zoom=1, crop_to=16)
+
+
 def test_cube_files_crop_grid_gives_fixed_windows_from_edge_to_edge(tmp_path, monkeypatch):
     paths = write_cubes(tmp_path, 2, size=(12, 14))
     for n, tops, lefts in ((2, [0, 4], [0, 6]), (3, [0, 2, 4], [0, 3, 6])):

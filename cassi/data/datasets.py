@@ -163,6 +163,9 @@ class CubeFiles(Dataset):
             σ ~ U(−e, e) drawn per sample (after δ; less where the file's range is too narrow), then moved by δ
             (clipped so that all stay in the file's range): spectral features narrower or wider than the
             scenes' own (needs ``wavelengths``; 0: none).
+        zoom: z: every random crop is read over a window 2^u times its size, u ~ U(−z, z) (at most the whole
+            file), and resized to its size (bilinear, antialiased): the scenes' textures finer (u > 0) or coarser
+            than the files' own pixels show them (0: none).
         cache: False/0: no cache; int k: an LRU cache of k cubes; True: all files.
         seed: randomness of sample i in epoch e comes from (seed, e, i).
         max_bytes: a file whose header declares a cube taking more memory once read is refused before any of
@@ -178,7 +181,8 @@ class CubeFiles(Dataset):
                  source_wavelengths=None, patch_size=None, crop_to=None, samples_per_epoch: int | None = None,
                  augment: bool = False, mosaic: bool | float = False, relight: float = 0.0,
                  shade: float = 0.0, cache: bool | int = False, seed: int = 0, crop_grid: int = 1,
-                 spectral_shift: float = 0.0, spectral_stretch: float = 0.0, max_bytes: int | None = io.MAX_BYTES):
+                 spectral_shift: float = 0.0, spectral_stretch: float = 0.0, zoom: float = 0.0,
+                 max_bytes: int | None = io.MAX_BYTES):
         self.files = resolve_paths(paths)
         self.key, self.layout, self.seed, self.augment, self.epoch = key, layout, seed, augment, 0
         self.max_bytes = max_bytes
@@ -206,9 +210,14 @@ class CubeFiles(Dataset):
         self.spectral_stretch = float(spectral_stretch)
         if not 0 <= self.spectral_stretch < 1:
             raise ValueError(f"spectral_stretch must be in [0, 1) (a fraction of the band span), got {spectral_stretch!r}")
+        self.zoom = float(zoom)
+        if not 0 <= self.zoom <= 4:
+            raise ValueError(f"zoom must be in [0, 4] (log2 of the largest scale), got {zoom!r}")
         self._resampled = bool(self.spectral_shift or self.spectral_stretch)  # per sample, from the stored bands
         if self._resampled and self.wavelengths is None:
             raise ValueError("spectral_shift and spectral_stretch need wavelengths= (the band centres they move)")
+        if self.zoom and not self.patch_size:
+            raise ValueError("zoom needs patch_size (random crops)")
         if self.crop_grid > 1 and (augment or self.relight or self.shade or self._resampled):
             raise ValueError("crop_grid gives fixed evaluation windows: drop augment, relight, shade, spectral_shift "
                              "and spectral_stretch")
@@ -264,15 +273,21 @@ class CubeFiles(Dataset):
 
     def _patch(self, i: int, size: tuple[int, int] | None, g: torch.Generator, shift: float = 0.0,
                stretch: float = 0.0) -> torch.Tensor:
-        """A random (C, h, w) window of file i (or the whole / center-cropped cube), augmented, its band centres
-        spread by 1 + ``stretch`` about their middle and moved by ``shift`` nm (both limited to the file's range)."""
+        """A random (C, h, w) window of file i (or the whole / center-cropped cube), zoomed, augmented, its band
+        centres spread by 1 + ``stretch`` about their middle and moved by ``shift`` nm (both limited to the file's
+        range)."""
         x, src = self._source(i)
         if size is None:
             x = center_crop(x, self.crop_to) if self.crop_to else x
         else:
             (h, w), (H, W) = size, x.shape[-2:]
-            top, left = (int(torch.randint(n, (), generator=g)) for n in (H - h + 1, W - w + 1))
-            x = x[:, top:top + h, left:left + w]
+            scale = 2 ** (self.zoom * (2 * float(torch.rand((), generator=g)) - 1)) if self.zoom else 1.0
+            rh, rw = min(H, max(1, round(h * scale))), min(W, max(1, round(w * scale)))
+            top, left = (int(torch.randint(n, (), generator=g)) for n in (H - rh + 1, W - rw + 1))
+            x = x[:, top:top + rh, left:left + rw]
+            if (rh, rw) != (h, w):
+                x = torch.nn.functional.interpolate(x[None], size=(h, w), mode="bilinear", antialias=True,
+                                                    align_corners=False)[0]
         if self.augment:
             square = x.shape[-1] == x.shape[-2]
             k = int(torch.randint(4, (), generator=g)) if square else 2 * int(torch.randint(2, (), generator=g))
