@@ -414,6 +414,10 @@ def test_cube_files_zoom_reads_windows_of_random_scale_resized_to_the_patch(tmp_
     assert s.min() < 0.7 and s.max() > 1.6 and ((s - 1).abs() > 0.1).float().mean() > 0.5
     assert torch.equal(slopes(CubeFiles(tmp_path, **kw)), torch.ones(64, dtype=torch.float64))  # default: none
     assert slopes(CubeFiles(tmp_path, zoom=3, **kw)).max() <= 4 + 0.04  # at most the whole file (64 = 4 × 16)
+    wide = CubeFiles(tmp_path, zoom=3, patch_size=(16, 8), samples_per_epoch=32)
+    for i in range(len(wide)):  # scaled alike along both axes: at most 64/16 = 4 along h, so ≤ 32 wide along w
+        d = wide[i]["x"][0, 0, 1:] - wide[i]["x"][0, 0, :-1]
+        assert float(d[2:-2].mean()) <= 4 + 0.04
     with pytest.raises(ValueError, match="zoom"):
         CubeFiles(tmp_path, zoom=-1, **kw)
     with pytest.raises(ValueError, match="zoom needs patch_size"):
