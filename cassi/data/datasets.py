@@ -283,7 +283,7 @@ class CubeFiles(Dataset):
             (h, w), (H, W) = size, x.shape[-2:]
             scale = 2 ** (self.zoom * (2 * float(torch.rand((), generator=g)) - 1)) if self.zoom else 1.0
             scale = min(scale, H / h, W / w)  # at most the whole file, the crop's shape kept
-            rh, rw = min(H, max(1, round(h * scale))), min(W, max(1, round(w * scale)))
+            rh, rw = (max(1, round(n * scale)) for n in (h, w))
             top, left = (int(torch.randint(n, (), generator=g)) for n in (H - rh + 1, W - rw + 1))
             x = x[:, top:top + rh, left:left + rw]
             if (rh, rw) != (h, w):
