@@ -4,7 +4,8 @@
     python scripts/fit_camera.py camera.mask=mask.mat camera.noise.photons=3000 budget_hours=0.5 output_dir=runs/cam
     python scripts/fit_camera.py camera=tsa_simulation machine=gpu budget_hours=0.15 output_dir=runs/cave_tsa_gpu
 
-``machine=auto`` (the default) is ``machine=gpu`` where torch sees a CUDA GPU, else ``machine=cpu``.
+``machine=auto`` (the default) is ``machine=gpu`` where torch sees a CUDA GPU, else ``machine=cpu_bf16`` on a CPU
+that computes bfloat16 in hardware (``cassi.lightning.fit.native_bf16``), else ``machine=cpu``.
 Writes output_dir/model.ckpt (load with ckpt=...) and output_dir/card.md; run it again to continue after a stop.
 """
 import sys
@@ -15,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cassi.data.camera import Camera
-from cassi.lightning.fit import Machine, fit_camera
+from cassi.lightning.fit import Machine, fit_camera, native_bf16
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_camera")
@@ -30,12 +31,12 @@ def main(cfg: DictConfig) -> None:
     noiseless = not any(v is not None for v in camera["noise"].values())
     machine = OmegaConf.to_container(cfg.machine, resolve=True)
     if HydraConfig.get().runtime.choices.get("machine") == "auto":  # the pick's values, where none was given
-        pick = "gpu" if torch.cuda.is_available() else "cpu"
+        pick = "gpu" if torch.cuda.is_available() else "cpu_bf16" if native_bf16() else "cpu"
         given = {k: v for k, v in machine.items() if v is not None}
         picked = hydra.compose(config_name=f"machine/{pick}").machine  # through Hydra's search path
         machine = {**OmegaConf.to_container(picked), **given}
-        print(f"fit_camera: machine={pick} ({'CUDA' if pick == 'gpu' else 'no CUDA GPU'} here; give machine=cpu or "
-              f"machine=gpu to choose)")
+        why = {"gpu": "CUDA", "cpu_bf16": "no CUDA GPU, a CPU with bfloat16", "cpu": "no CUDA GPU"}[pick]
+        print(f"fit_camera: machine={pick} ({why} here; give machine=cpu, cpu_bf16 or gpu to choose)")
     machine = Machine(**machine)
     print(f"fit_camera: plan priced at {machine.scene_s:g} s a pool scene, two stages from {machine.two_stages_min:g} "
           f"min of training; train.py: {' '.join(machine.train) or 'the recipe as it is'}")

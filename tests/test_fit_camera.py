@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from cassi.lightning.fit import Machine, plan
+from cassi.lightning.fit import Machine, native_bf16, plan
 from cassi.models import Refiner, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,19 +219,35 @@ def test_a_phase_run_survives_failing_ticks_and_ends_with_the_fit_process(tmp_pa
         pytest.fail("the phase's run outlived the fit process")
 
 
-@pytest.mark.parametrize("cuda, given, scene_s, accelerator", [
-    (False, [], 1.5, False), (True, [], 0.1, True), (True, ["machine.scene_s=2"], 2, True)])
-def test_the_default_machine_is_the_gpu_where_there_is_one(tmp_path, cuda, given, scene_s, accelerator):
-    """machine=auto (the default) takes gpu.yaml's settings where torch sees CUDA, else cpu.yaml's, under the keys
-    given; here stopped by a budget of 0 at the plan, after the lines that name the pick and the Machine built."""
-    code = (f"import runpy, sys, torch; torch.cuda.is_available = lambda: {cuda}; "
+@pytest.mark.parametrize("cuda, bf16, given, scene_s, accelerator", [
+    (False, False, [], 1.5, False), (False, True, [], 1.5, False), (True, True, [], 0.1, True),
+    (True, False, ["machine.scene_s=2"], 2, True)])
+def test_the_default_machine_is_the_gpu_where_there_is_one(tmp_path, cuda, bf16, given, scene_s, accelerator):
+    """machine=auto (the default) takes gpu.yaml's settings where torch sees CUDA, else cpu_bf16.yaml's (cpu.yaml's
+    and bf16 mixed precision) on a CPU with bfloat16 in hardware, else cpu.yaml's, under the keys given; here stopped
+    by a budget of 0 at the plan, after the lines that name the pick and the Machine built."""
+    code = (f"import runpy, sys, torch, cassi.lightning.fit as f; torch.cuda.is_available = lambda: {cuda}; "
+            f"f.native_bf16 = lambda: {bf16}; "
             f"sys.argv = ['fit_camera.py', 'budget_hours=0', 'output_dir={tmp_path / 'fit'}', *{given!r}]; "
             f"runpy.run_path('scripts/fit_camera.py', run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "budget_hours must be > 0" in r.stderr, r.stderr
-    assert f"machine={'gpu' if cuda else 'cpu'} " in r.stdout, r.stdout
+    pick = "gpu" if cuda else "cpu_bf16" if bf16 else "cpu"
+    assert f"machine={pick} " in r.stdout, r.stdout
     assert f"priced at {scene_s:g} s a pool scene" in r.stdout, r.stdout
     assert ("trainer.accelerator=gpu" in r.stdout) == accelerator, r.stdout
+    assert ("trainer.precision=bf16-mixed" in r.stdout) == (pick == "cpu_bf16"), r.stdout
+
+
+def test_native_bf16_reads_the_cpu_flags(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n\n")
+    assert not native_bf16(info)  # AVX-512 without its bfloat16 instructions
+    info.write_text(info.read_text() + "processor\t: 1\nflags\t\t: fpu avx512f avx512_bf16\n")
+    assert native_bf16(info)
+    info.write_text("flags\t\t: fpu amx_tile amx_bf16\n")
+    assert native_bf16(info)
+    assert not native_bf16(tmp_path / "absent")  # no such file (not Linux): float32
 
 
 def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):

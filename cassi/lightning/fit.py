@@ -41,7 +41,7 @@ from pathlib import Path
 from cassi.io import write_text_atomic
 from cassi.models import load_model
 
-__all__ = ["Machine", "Phase", "plan", "progress", "fit_camera"]
+__all__ = ["Machine", "Phase", "native_bf16", "plan", "progress", "fit_camera"]
 
 logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -67,6 +67,18 @@ class Machine:
     scene_s: float
     two_stages_min: float
     train: list[str] = field(default_factory=list)
+
+
+def native_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes bfloat16 in hardware (x86 ``avx512_bf16`` or ``amx_bf16`` among the flags of
+    ``cpuinfo``; False where there is no such file): there fit_camera's machine=auto trains in bf16 mixed
+    precision (conf/machine/cpu_bf16.yaml). Elsewhere bfloat16 is emulated, which is not faster."""
+    try:
+        flags = {f for line in Path(cpuinfo).read_text().splitlines() if line.startswith("flags")
+                 for f in line.split(":", 1)[1].split()}
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def reserve(minutes: float) -> float:
