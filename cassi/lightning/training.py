@@ -205,8 +205,8 @@ class TrainingModule(ReconstructionModule):
         measurement y = A x when ``project`` (x̃ + A⁺(y − A x̃), what survives the projection is trained) and
         feeding the next stage (x̃ or its projection, r = A⁺(y − A x̃)); s is the scene's scale of x₀ throughout.
         Windows from a pool of fewer stages than the model (``data.train.stages=1 model.stages=2``) thus train
-        every later stage together; the stages before the last correct as at inference (with their
-        ``flip_ensemble``), the last one plainly."""
+        every later stage together, each plainly: a ``flip_ensemble`` is for inference (trained with it on stage 1,
+        a 0.5 h fit made 4780 steps against 7090 without, and read 0.15 dB less on its validation windows)."""
         rec, x, s = self.reconstructor, batch["x"], batch.get("scale")
         last = rec.stages - 1
         first = int(batch["stage"][0]) if "stage" in batch else last
@@ -218,7 +218,7 @@ class TrainingModule(ReconstructionModule):
         y = op(x) if op is not None else None           # the window as a scene, noiseless
         est, r = batch["x0"], batch["r"]
         for k in range(first, last):
-            est, r = rec.step(op, y, est, r, k, scale=s)
+            est, r = rec.step(op, y, est, r, k, scale=s, ensemble=False)
         out = rec.refine(est, r, s, stage=last, mask=batch.get("mask"))
         return op.data_step(out, y) if project else out  # ρ = 0: the GAP projection, one fused pass
 

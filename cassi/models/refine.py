@@ -199,11 +199,12 @@ class Refiner(Unrolled):
         return out.contiguous().to(x.dtype) * s
 
     def correct(self, x: torch.Tensor, r: torch.Tensor, stage: int, axis: str = "w",
-                scale: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Stage ``stage``'s correction (B, C, H, W): :meth:`refine`, or with ``flip_ensemble`` on this stage the
-        mean over x and x mirrored across the dispersion ``axis`` (one batch of 2B, the same s)."""
-        ensemble = self.flip_ensemble
-        if not (ensemble is True or (not isinstance(ensemble, bool) and stage in ensemble)):
+                scale: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                ensemble: bool = True) -> torch.Tensor:
+        """Stage ``stage``'s correction (B, C, H, W): :meth:`refine`, or with ``flip_ensemble`` on this stage (and
+        ``ensemble``) the mean over x and x mirrored across the dispersion ``axis`` (one batch of 2B, the same s)."""
+        which = self.flip_ensemble
+        if not ensemble or not (which is True or (not isinstance(which, bool) and stage in which)):
             return self.refine(x, r, scale, stage=stage, mask=mask)
         b, dim = x.shape[0], -1 if axis == "h" else -2
         s = (_scale(x) if scale is None else scale.to(x.dtype)).repeat(2, 1, 1, 1)
@@ -224,11 +225,11 @@ class Refiner(Unrolled):
         return outs if return_stages else outs[-1]
 
     def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int, residual: bool = True,
-             scale: torch.Tensor | None = None):
+             scale: torch.Tensor | None = None, ensemble: bool = True):
         """Stage ``stage``: x̃ = correct(x, r) and what it leaves of y, r' = A⁺(y − A x̃) (None unless
         ``residual``); returns (x̃ + r' with ``project``, else x̃; r'), both (B, C, H, W). ``scale``: s (B, 1, 1, 1)
-        when x is a window of a larger scene (default mean(x)/0.5)."""
-        x = self.correct(x, r, stage, op.axis, scale, op.mask if self.mask_input else None)
+        when x is a window of a larger scene (default mean(x)/0.5); ``ensemble=False``: without ``flip_ensemble``."""
+        x = self.correct(x, r, stage, op.axis, scale, op.mask if self.mask_input else None, ensemble)
         if not (residual or self.project):
             return x, None
         r = op.pinv(y - op(x))
