@@ -46,10 +46,14 @@ def test_plan_follows_the_budget():
     assert [p.name for p in phases] == ["stage1", "stage2"] and "model.project=false" in phases[1].overrides
     # all but 5 minutes (the card's reserve) planned: the pool's time, then training
     assert sum(p.minutes for p in phases) + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
-    # from an init with two U-Nets (cave_any): the pair from the start, all the training time theirs
-    pool2, (pair,) = plan(3, noiseless=False, machine=CPU, init_stages=2)
+    # from an init with two U-Nets (cave_any): the pair from the start, at 3 h then a third U-Net grown on it
+    pool2, (pair, triple) = plan(3, noiseless=False, machine=CPU, init_stages=2)
     assert pool2 == pool and pair.name == "stage2" and {"model.stages=2", "model.project=false"} <= set(pair.overrides)
-    assert pair.minutes + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
+    assert triple.name == "stage3" and {"model.stages=3", "data.train.stages=1"} <= set(triple.overrides)
+    assert pair.minutes + triple.minutes + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
+    assert triple.minutes > pair.minutes
+    (pair,) = plan(1, True, CPU, init_stages=2)[1]  # under twice two_stages_min of training: the pair's alone
+    assert pair.name == "stage2" and pair.minutes < 2 * CPU.two_stages_min
     assert [p.name for p in plan(0.5, True, CPU, init_stages=2)[1]] == ["stage2"]  # at any budget
     assert [p.name for p in plan(0.5, True, CPU)[1]] == ["stage1"]  # a U-Net grown: not under 40 minutes
     with pytest.raises(ValueError, match="budget_hours must be > 0"):
@@ -158,6 +162,23 @@ def test_an_init_with_two_u_nets_trains_the_pair_from_both(tmp_path, monkeypatch
     _, (pair,) = plan(1, noiseless=True, machine=CPU, init_stages=2)
     assert train["trainer.max_time"] == f"00:00:{int(pair.minutes):02d}:{round(pair.minutes % 1 * 60):02d}"
     assert float(train["callbacks.deadline.at"]) == pytest.approx(time.time() + 55 * 60, abs=30)  # its pool's too
+
+
+def test_at_a_long_budget_a_third_u_net_is_grown_on_the_pair_and_its_pool(tmp_path, monkeypatch):
+    import cassi.lightning.fit as fit_module
+
+    runs = fake_runs(monkeypatch)
+    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=3, machine=CPU, echo=lambda *a: None,
+                          init="pretrained/cave_any")
+    assert [script for script, _ in runs] == ["train.py", "train.py", "model_card.py"]
+    pair, triple = runs[0][1], runs[1][1]
+    assert pair["model.stages"] == "2" and pair["init_weights"] == "pretrained/cave_any"
+    assert triple["hydra.run.dir"] == str(tmp_path / "stage3") and triple["model.stages"] == "3"
+    assert triple["init_weights"] == str(tmp_path / "stage2" / "checkpoints" / "best-epoch000.ckpt")
+    assert triple["data.train.cache"] == str(tmp_path / "stage2" / "first_iterates.pt")  # GAP-TV not run again
+    # the pair's 30 minutes spent, the third trains until the budget's end less the card's 5
+    assert float(triple["callbacks.deadline.at"]) == pytest.approx(time.time() + (180 - 5 - 30) * 60, abs=30)
+    assert runs[2][1]["ckpt"] == str(tmp_path / "stage3" / "checkpoints" / "best-epoch000.ckpt")
 
 
 def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_path, monkeypatch):

@@ -12,9 +12,11 @@ Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
    validation windows at 0.5 h), each stage projected onto y when the camera is noiseless; the checkpoint is chosen
    on validation windows.
 2. ``stage2`` (when the budget allows): a second U-Net grown on stage 1 (``init_weights``), both trained together;
-   where ``init`` has two U-Nets (the default, ``pretrained/cave_any``), this phase alone, started from both, at
+   where ``init`` has two U-Nets (the default, ``pretrained/cave_any``), this phase first, started from both, at
    any budget.
-3. ``card``: the best checkpoint scored beside A⁺y and GAP-TV on the validation windows (the quadrants of the
+3. ``stage3`` (from an ``init`` with two U-Nets, at long budgets: :func:`plan`): a third U-Net grown on the pair,
+   the three trained together on the same pool.
+4. ``card``: the best checkpoint scored beside A⁺y and GAP-TV on the validation windows (the quadrants of the
    validation scenes it was chosen on) and the test scenes
    (``scripts/model_card.py``), written as ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
 
@@ -93,9 +95,12 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
          init_stages: int = 1) -> tuple[int, list[Phase]]:
     """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``machine.scene_s`` a 256²
     scene), the rest for training. From an init with two U-Nets (``init_stages``, e.g. ``cave_any``) both are
-    trained together from the start, all the time theirs, at any budget (at 0.5 h on the 2-core CPU, from
-    ``cave_any``'s fifth piece: +0.13 dB on a held-out camera's validation windows over its first U-Net alone, at
-    3.3× the time a step). Else one stage when there are fewer than ``machine.two_stages_min`` minutes to train (on
+    trained together from the start, at any budget (at 0.5 h on the 2-core CPU, from ``cave_any``'s fifth piece:
+    +0.13 dB on a held-out camera's validation windows over its first U-Net alone, at 3.3× the time a step), all the
+    time theirs under twice ``machine.two_stages_min`` minutes of training, else 40% of it, then a third U-Net grown
+    on them and the three trained together for 60% (the pair flattens within a 3 h fit on the CPU; continued
+    for 45 minutes on a held-out camera's validation windows: 37.91 dB with a third U-Net, 37.75 the pair alone,
+    from 37.55; docs/training.md; the split is not measured). Else one stage when there are fewer than ``machine.two_stages_min`` minutes to train (on
     the CPU: 40 minutes; a second U-Net grown at 0.5 h did not pay there), else a first stage alone for 45% of it,
     then a second grown on it and the pair trained for 55% (on the same pool)."""
     if budget_hours <= 0:
@@ -106,7 +111,10 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
     project = [f"model.project={str(noiseless).lower()}"]
     pair = [*project, "model.stages=2", "data.train.stages=1"]  # the second's pool cache: _phases
     if init_stages >= 2:
-        return pool, [Phase("stage2", train, pair)]
+        if train < 2 * machine.two_stages_min:
+            return pool, [Phase("stage2", train, pair)]
+        triple = [*project, "model.stages=3", "data.train.stages=1"]
+        return pool, [Phase("stage2", 0.4 * train, pair), Phase("stage3", 0.6 * train, triple)]
     if train < machine.two_stages_min:
         return pool, [Phase("stage1", train, project)]
     return pool, [Phase("stage1", 0.45 * train, project), Phase("stage2", 0.55 * train, pair)]
