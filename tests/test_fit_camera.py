@@ -52,8 +52,9 @@ def test_plan_follows_the_budget():
     assert triple.name == "stage3" and {"model.stages=3", "data.train.stages=1"} <= set(triple.overrides)
     assert pair.minutes + triple.minutes + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
     assert triple.minutes > pair.minutes
-    (pair,) = plan(1, True, CPU, init_stages=2)[1]  # under twice two_stages_min of training: the pair's alone
-    assert pair.name == "stage2" and pair.minutes < 2 * CPU.two_stages_min
+    (pair,) = plan(1, True, CPU, init_stages=2)[1]  # under three_stages_min (twice two_stages_min): the pair alone
+    assert CPU.three_stages_min == 2 * CPU.two_stages_min
+    assert pair.name == "stage2" and pair.minutes < CPU.three_stages_min
     assert [p.name for p in plan(0.5, True, CPU, init_stages=2)[1]] == ["stage2"]  # at any budget
     assert [p.name for p in plan(0.5, True, CPU)[1]] == ["stage1"]  # a U-Net grown: not under 40 minutes
     with pytest.raises(ValueError, match="budget_hours must be > 0"):

@@ -72,6 +72,11 @@ class Machine:
     two_stages_min: float
     train: list[str] = field(default_factory=list)
 
+    @property
+    def three_stages_min(self) -> float:
+        """Minutes of training from which a third U-Net is grown on an init's two: twice ``two_stages_min``."""
+        return 2 * self.two_stages_min
+
 
 def native_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
     """Whether this CPU computes bfloat16 in hardware (x86 ``avx512_bf16`` or ``amx_bf16`` among the flags of
@@ -94,30 +99,34 @@ def reserve(minutes: float) -> float:
 def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | None = None,
          init_stages: int = 1) -> tuple[int, list[Phase]]:
     """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``machine.scene_s`` a 256²
-    scene), the rest for training. From an init with two U-Nets (``init_stages``, e.g. ``cave_any``) both are
-    trained together from the start, at any budget (at 0.5 h on the 2-core CPU, from ``cave_any``'s fifth piece:
-    +0.13 dB on a held-out camera's validation windows over its first U-Net alone, at 3.3× the time a step), all the
-    time theirs under twice ``machine.two_stages_min`` minutes of training, else 40% of it, then a third U-Net grown
-    on them and the three trained together for 60% (the pair flattens within a 3 h fit on the CPU; continued
-    for 45 minutes on a held-out camera's validation windows: 37.91 dB with a third U-Net, 37.75 the pair alone,
-    from 37.55; docs/training.md; the split is not measured). Else one stage when there are fewer than ``machine.two_stages_min`` minutes to train (on
-    the CPU: 40 minutes; a second U-Net grown at 0.5 h did not pay there), else a first stage alone for 45% of it,
-    then a second grown on it and the pair trained for 55% (on the same pool)."""
+    scene), the rest for training.
+
+    From an init with two U-Nets (``init_stages``, e.g. ``cave_any``) both train together from the start at any
+    budget (at 0.5 h on the 2-core CPU: +0.13 dB on a held-out camera's validation windows over its first U-Net
+    alone, at 3.3× the time a step): all the training time theirs under ``machine.three_stages_min`` minutes, else
+    40% of it, then a third U-Net grown on them and the three trained together for 60% (the pair flattens within a
+    3 h fit on the CPU; continued 45 minutes on a held-out camera's validation windows: 37.91 dB with a third
+    U-Net, 37.75 the pair alone, from 37.55; docs/training.md; the split is not measured).
+
+    Else one stage under ``machine.two_stages_min`` minutes of training (on the CPU: 40 minutes; a second U-Net
+    grown at 0.5 h did not pay there), else a first stage alone for 45% of it, then a second grown on it and the
+    pair trained for 55% (on the same pool)."""
     if budget_hours <= 0:
         raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
     minutes = budget_hours * 60
     pool = pool or int(min(768, max(16, 0.2 * minutes * 60 / machine.scene_s)))
     train = max(1.0, minutes - pool * machine.scene_s / 60 - reserve(minutes))
     project = [f"model.project={str(noiseless).lower()}"]
-    pair = [*project, "model.stages=2", "data.train.stages=1"]  # the second's pool cache: _phases
+    def stages(k: int) -> list[str]:  # K U-Nets trained together on the first phase's pool (cache: _phases)
+        return [*project, f"model.stages={k}", "data.train.stages=1"]
+
     if init_stages >= 2:
-        if train < 2 * machine.two_stages_min:
-            return pool, [Phase("stage2", train, pair)]
-        triple = [*project, "model.stages=3", "data.train.stages=1"]
-        return pool, [Phase("stage2", 0.4 * train, pair), Phase("stage3", 0.6 * train, triple)]
+        if train < machine.three_stages_min:
+            return pool, [Phase("stage2", train, stages(2))]
+        return pool, [Phase("stage2", 0.4 * train, stages(2)), Phase("stage3", 0.6 * train, stages(3))]
     if train < machine.two_stages_min:
         return pool, [Phase("stage1", train, project)]
-    return pool, [Phase("stage1", 0.45 * train, project), Phase("stage2", 0.55 * train, pair)]
+    return pool, [Phase("stage1", 0.45 * train, project), Phase("stage2", 0.55 * train, stages(2))]
 
 
 def _best(run: Path) -> Path | None:
@@ -261,7 +270,8 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
          f"({state['spent_min']:.1f} min spent before) -> {out}")
     base = ["experiment=cave_tsa", "model.mask_input=true", *camera_overrides,
             f"data.train.cubes.samples_per_epoch={size}", "data.train.cubes.spectral_shift=10",
-            "data.train.cubes.spectral_stretch=0.05", "data.train.cubes.zoom=1", "data.train.patch_size=64", "test=false", "callbacks.progress=null"]
+            "data.train.cubes.spectral_stretch=0.05", "data.train.cubes.zoom=1", "data.train.patch_size=64",
+            "test=false", "callbacks.progress=null"]
     previous = None
     for phase in phases:
         run = out / phase.name
