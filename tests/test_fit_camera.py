@@ -57,6 +57,12 @@ def test_plan_follows_the_budget():
     assert pair.name == "stage2" and pair.minutes < CPU.three_stages_min
     assert [p.name for p in plan(0.5, True, CPU, init_stages=2)[1]] == ["stage2"]  # at any budget
     assert [p.name for p in plan(0.5, True, CPU)[1]] == ["stage1"]  # a U-Net grown: not under 40 minutes
+    # from an init with three: all three from the start from three_stages_min, below it its first two
+    (triple,) = plan(3, False, CPU, init_stages=3)[1]
+    assert triple.name == "stage3" and {"model.stages=3", "data.train.stages=1"} <= set(triple.overrides)
+    assert triple.minutes + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
+    (pair,) = plan(1, True, CPU, init_stages=3)[1]
+    assert pair.name == "stage2" and "model.stages=2" in pair.overrides
     with pytest.raises(ValueError, match="budget_hours must be > 0"):
         plan(0, True, CPU)
 
@@ -149,8 +155,9 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     assert json.loads((moved / "plan.json").read_text())["spent_min"] == pytest.approx(100)
 
 
-def test_an_init_with_two_u_nets_trains_the_pair_from_both(tmp_path, monkeypatch):
-    """cave_any has two U-Nets: the fit trains both together from them, one phase, its own pool."""
+def test_an_init_with_three_u_nets_trains_its_first_two_at_a_short_budget(tmp_path, monkeypatch):
+    """cave_any has three U-Nets: under three_stages_min the fit trains its first two together, one phase, its own
+    pool."""
     import cassi.lightning.fit as fit_module
 
     runs = fake_runs(monkeypatch)
@@ -165,10 +172,25 @@ def test_an_init_with_two_u_nets_trains_the_pair_from_both(tmp_path, monkeypatch
     assert float(train["callbacks.deadline.at"]) == pytest.approx(time.time() + 55 * 60, abs=30)  # its pool's too
 
 
-def test_at_a_long_budget_a_third_u_net_is_grown_on_the_pair_and_its_pool(tmp_path, monkeypatch):
+def test_at_a_long_budget_an_init_s_three_u_nets_train_together(tmp_path, monkeypatch):
     import cassi.lightning.fit as fit_module
 
     runs = fake_runs(monkeypatch)
+    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=3, machine=CPU, echo=lambda *a: None,
+                          init="pretrained/cave_any")
+    assert [script for script, _ in runs] == ["train.py", "model_card.py"]
+    triple = runs[0][1]
+    assert triple["hydra.run.dir"] == str(tmp_path / "stage3") and triple["model.stages"] == "3"
+    assert triple["init_weights"] == "pretrained/cave_any" and "data.train.cache" not in triple
+
+
+def test_at_a_long_budget_a_third_u_net_is_grown_on_an_init_s_pair_and_its_pool(tmp_path, monkeypatch):
+    import cassi.lightning.fit as fit_module
+
+    runs = fake_runs(monkeypatch)
+    two = fit_module.load_model("pretrained/cave_any")
+    two.config = {**two.config, "stages": 2}  # an init with two U-Nets (the plan reads its config only)
+    monkeypatch.setattr(fit_module, "load_model", lambda path: two)
     fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=3, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
     assert [script for script, _ in runs] == ["train.py", "train.py", "model_card.py"]

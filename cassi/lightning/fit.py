@@ -74,7 +74,8 @@ class Machine:
 
     @property
     def three_stages_min(self) -> float:
-        """Minutes of training from which a third U-Net is grown on an init's two: twice ``two_stages_min``."""
+        """Minutes of training from which a third U-Net is grown on an init's two, or an init's three are all
+        trained: twice ``two_stages_min``."""
         return 2 * self.two_stages_min
 
 
@@ -101,7 +102,9 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
     """(pool size, phases) for a budget: about a fifth of the time for GAP-TV's pool (``machine.scene_s`` a 256²
     scene), the rest for training.
 
-    From an init with two U-Nets (``init_stages``, e.g. ``cave_any``) both train together from the start at any
+    From an init with three U-Nets (``init_stages``, e.g. ``cave_any``) all three train together from the start from
+    ``machine.three_stages_min`` minutes of training, its first two alone below (as from an init with two).
+    From an init with two U-Nets both train together from the start at any
     budget (at 0.5 h on the 2-core CPU: +0.13 dB on a held-out camera's validation windows over its first U-Net
     alone, at 3.3× the time a step): all the training time theirs under ``machine.three_stages_min`` minutes, else
     40% of it, then a third U-Net grown on them and the three trained together for 60% (the pair flattens within a
@@ -120,6 +123,8 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
     def stages(k: int) -> list[str]:  # K U-Nets trained together on the first phase's pool (cache: _phases)
         return [*project, f"model.stages={k}", "data.train.stages=1"]
 
+    if init_stages >= 3 and train >= machine.three_stages_min:
+        return pool, [Phase("stage3", train, stages(3))]
     if init_stages >= 2:
         if train < machine.three_stages_min:
             return pool, [Phase("stage2", train, stages(2))]
