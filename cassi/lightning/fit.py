@@ -123,11 +123,11 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
     def stages(k: int) -> list[str]:  # K U-Nets trained together on the first phase's pool (cache: _phases)
         return [*project, f"model.stages={k}", "data.train.stages=1"]
 
-    if init_stages >= 3 and train >= machine.three_stages_min:
-        return pool, [Phase("stage3", train, stages(3))]
     if init_stages >= 2:
         if train < machine.three_stages_min:
             return pool, [Phase("stage2", train, stages(2))]
+        if init_stages >= 3:
+            return pool, [Phase("stage3", train, stages(3))]
         return pool, [Phase("stage2", 0.4 * train, stages(2)), Phase("stage3", 0.6 * train, stages(3))]
     if train < machine.two_stages_min:
         return pool, [Phase("stage1", train, project)]
