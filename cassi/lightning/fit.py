@@ -109,7 +109,7 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
     alone, at 3.3× the time a step): all the training time theirs under ``machine.three_stages_min`` minutes, else
     40% of it, then a third U-Net grown on them and the three trained together for 60% (the pair flattens within a
     3 h fit on the CPU; continued 45 minutes on a held-out camera's validation windows: 37.91 dB with a third
-    U-Net, 37.75 the pair alone, from 37.55; docs/training.md; the split is not measured).
+    U-Net, 37.75 the pair alone, from 37.55; docs/camera.md; the split is not measured).
 
     Else one stage under ``machine.two_stages_min`` minutes of training (on the CPU: 40 minutes; a second U-Net
     grown at 0.5 h did not pay there), else a first stage alone for 45% of it, then a second grown on it and the
