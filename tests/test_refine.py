@@ -105,8 +105,8 @@ class Counting:
         return self.inner(op, y)
 
 
-def pool(tmp_path=None, solver=PINV, n=3, size=24, patch=8, backend="strided", **kw):
-    sim = Simulator(BernoulliMasks(0.5), bands=5, step=1, backend=backend)
+def pool(tmp_path=None, solver=PINV, n=3, size=24, patch=8, backend="strided", noise=None, **kw):
+    sim = Simulator(BernoulliMasks(0.5), bands=5, step=1, backend=backend, noise=noise)
     return FirstIterates(SyntheticCubes(n, size, size, bands=5, seed=3), sim, solver, patch_size=patch,
                          samples_per_epoch=10, cache=None if tmp_path is None else tmp_path / "fi.pt", **kw)
 
@@ -142,11 +142,37 @@ def test_windows_of_x_x0_r_cut_and_flipped_together():
     x0 = op.pinv(s["y"][:1])
     assert torch.allclose(s["x0"][0].float(), x0[0], atol=2e-3, rtol=2e-3)
     assert torch.allclose(s["scale"][0], x0.mean() / 0.5)
+    assert torch.allclose(s["n"][0].float(), s["y"][0] - op(s["x"][:1].float())[0], atol=1e-3)
     same, other = [ds[i]["x"] for i in range(3)], None
     assert all(torch.equal(a, ds[i]["x"]) for i, a in enumerate(same))  # seeded by (seed, epoch, index)
     ds.set_epoch(1)
     other = [ds[i]["x"] for i in range(3)]
     assert not all(torch.equal(a, b) for a, b in zip(same, other))
+
+
+@pytest.mark.parametrize("axis", ["w", "h"])
+def test_windows_carry_the_measurement_noise_over_their_own_measurement(axis):
+    """A window's "noise" is the scene's y − A x over the window's own measurement (cut and flipped with x): its
+    A x + noise is the scene's y wherever every band's contribution comes from inside the window."""
+    from cassi.data.noise import ShotNoise
+
+    sim = Simulator(BernoulliMasks(0.5), bands=5, step=1, backend="strided", noise=ShotNoise(100), axis=axis)
+    ds = FirstIterates(SyntheticCubes(3, 24, 24, bands=5, seed=3), sim, PINV, patch_size=8, samples_per_epoch=12)
+    s = ds.scenes
+    assert s["n"].shape == s["y"].shape and s["n"].float().std() > 0.02  # shot noise of 100 photons is there
+    flipped = 0
+    for i in range(len(ds)):
+        item = ds[i]
+        j, t, l, flips = _locate(item["x"], s)
+        flipped += bool(flips)
+        assert item["noise"].shape == ((1, 8, 12) if axis == "w" else (1, 12, 8))
+        op = sim.operator(item["mask"][None], 5)
+        y = (op(item["x"][None]) + item["noise"][None])[0]
+        y = y.flip(flips) if flips else y  # back to the scene's orientation
+        full = s["y"][j, :, t:t + 8, l + 4:l + 8] if axis == "w" else s["y"][j, :, t + 4:t + 8, l:l + 8]
+        inner = y[..., 4:8] if axis == "w" else y[..., 4:8, :]
+        assert torch.allclose(inner, full, atol=2e-3), (i, (inner - full).abs().max())
+    assert 0 < flipped < len(ds)
 
 
 def test_a_pool_through_a_mixture_of_masks_is_found_again_by_a_new_process_and_not_by_another_mixture(
@@ -433,8 +459,9 @@ def test_training_step_on_windows_trains_the_last_stage(tmp_path):
                                                        (True, True, True)])
 def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ensemble, masked):
     """Windows that feed stage 1 (a pool of 1 stage) train a 2-stage model end to end: stage 1 (plainly, even
-    where the model has a mirror ensemble there for inference), its projection onto the window's y = A x (with
-    project), stage 2 on that and what it leaves of y, then the loss."""
+    where the model has a mirror ensemble there for inference), its projection onto the window's y = A x + n (with
+    project; n the scene's noise there), stage 2 on that and what it leaves of y, then the loss."""
+    from cassi.data.noise import ShotNoise
     from cassi.lightning import TrainingModule
 
     model = tiny(stages=2, solver=PINV, mask_input=masked)
@@ -442,7 +469,7 @@ def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ens
     for p in model.parameters():  # far from identity: a projection would hide how stage 2's input was made
         p.data.add_(0.3 * torch.randn_like(p))
     module = TrainingModule(model, operator=lambda mask: CASSI(mask, bands=5, step=1))
-    ds = pool()
+    ds = pool(noise=ShotNoise(100))
     items = [ds[i] for i in range(4)]
     assert {item["stage"] for item in items} == {0}
     batch = torch.utils.data.default_collate(items)
@@ -451,12 +478,14 @@ def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ens
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
     op, x, s = CASSI(batch["mask"], bands=5, step=1), batch["x"], batch["scale"]
     with torch.no_grad():
-        x0, r0 = batch["x0"], batch["r"]
+        x0, r0, y = batch["x0"], batch["r"], op(x) + batch["noise"]
         m = batch["mask"] if masked else None
         x1 = model.refine(x0, r0, s, stage=0, mask=m)  # no mirror ensemble in training
-        r1 = op.pinv(op(x) - op(x1))
+        r1 = op.pinv(y - op(x1))
         x2 = model.refine(x1 + r1 if project else x1, r1, s, stage=1, mask=m)
-        want = x2 + op.pinv(op(x) - op(x2)) if project else x2
+        want = x2 + op.pinv(y - op(x2)) if project else x2
+        without = dict(batch, noise=torch.zeros_like(batch["noise"]))  # what the noise changes is trained
+        assert not torch.allclose(module.refine_windows(without), want, atol=1e-3)
         assert torch.allclose(module.refine_windows(batch), want, atol=1e-5)
         assert torch.allclose(loss, module.loss(want, x), atol=1e-6)
         # windows that feed stage 2 (the default without "stage") train stage 2 alone, as before

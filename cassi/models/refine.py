@@ -260,7 +260,9 @@ class FirstIterates(Dataset):
             noise equal up to the rounding of y).
 
     Items: {"x", "x0", "r": (C, h, w) float32 (x0, r: the trained stage's input), "mask": (1|C, h, w) the
-    scene's mask there, "scale": (1, 1, 1) the whole scene's s = mean(x0)/0.5, "name", "stage": ``stages`` − 1,
+    scene's mask there, "noise": (1, h', w') the scene's measurement noise y − A x over the window's own
+    measurement A x (h' = h + Δ along h, or w' = w + Δ along w), "scale": (1, 1, 1) the whole scene's s =
+    mean(x0)/0.5, "name", "stage": ``stages`` − 1,
     the stage they feed (0-based): a model of more stages trains that one and every later one end to end}. They
     flip together, across the dispersion axis only (a flip along it would show errors of the opposite dispersion
     direction).
@@ -330,7 +332,7 @@ class FirstIterates(Dataset):
         "names"}: computed (or read from the
         cache) on first use, or by :meth:`prepare`."""
         if self._scenes is None:
-            self._scenes = self._advance(self._load() or self._compute())
+            self._scenes = self._noise(self._advance(self._load() or self._compute()))
         return self._scenes
 
     def prepare(self) -> None:
@@ -500,6 +502,18 @@ class FirstIterates(Dataset):
                  self.init)
         return data
 
+    def _noise(self, data: dict) -> dict:
+        """``data`` with "n" (N, 1, H', W') float16: each scene's measurement noise, n = y − A x (float16 x: a
+        rounding ~1e-4 of y where the camera is noiseless). Windows carry it, so that the stages after the first
+        train on residuals of the noisy measurement, A⁺(A x + n − A x̃), as they meet them at inference."""
+        n = torch.empty(data["y"].shape, dtype=torch.float16)
+        with torch.no_grad():
+            for i in range(len(data["names"])):
+                x = data["x"][i:i + 1].to(self.device).float()
+                op = self.simulator.operator(data["mask"][i:i + 1].to(self.device), x.shape[1])
+                n[i] = (data["y"][i:i + 1].to(self.device) - op(x))[0].half().cpu()
+        return dict(data, n=n)
+
     # ------------------------------------------------------------------ windows
     def __len__(self) -> int:
         return self.length
@@ -516,8 +530,8 @@ class FirstIterates(Dataset):
         j = int(torch.randint(n, (), generator=g))
         top, left = (int(torch.randint(m, (), generator=g)) for m in (H - h + 1, W - w + 1))
         flips = [self.flip_dim] if int(torch.randint(2, (), generator=g)) else []
-        out = {}
-        for k in ("x", "x0", "r", "mask"):
-            v = s[k][j, :, top:top + h, left:left + w].float()
-            out[k] = v.flip(flips).contiguous() if flips else v.contiguous()
+        dh, dw = (a - b for a, b in zip(s["n"].shape[-2:], (H, W)))  # y's extent beyond x: the dispersion
+        cuts = {k: s[k][j, :, top:top + h, left:left + w] for k in ("x", "x0", "r", "mask")}
+        cuts["noise"] = s["n"][j, :, top:top + h + dh, left:left + w + dw]
+        out = {k: (v.float().flip(flips) if flips else v.float()).contiguous() for k, v in cuts.items()}
         return out | {"scale": s["scale"][j].float(), "name": s["names"][j], "stage": self.stages - 1}
