@@ -142,7 +142,6 @@ def test_windows_of_x_x0_r_cut_and_flipped_together():
     x0 = op.pinv(s["y"][:1])
     assert torch.allclose(s["x0"][0].float(), x0[0], atol=2e-3, rtol=2e-3)
     assert torch.allclose(s["scale"][0], x0.mean() / 0.5)
-    assert torch.allclose(s["n"][0].float(), s["y"][0] - op(s["x"][:1].float())[0], atol=1e-3)
     same, other = [ds[i]["x"] for i in range(3)], None
     assert all(torch.equal(a, ds[i]["x"]) for i, a in enumerate(same))  # seeded by (seed, epoch, index)
     ds.set_epoch(1)

@@ -218,7 +218,7 @@ class TrainingModule(ReconstructionModule):
                              f"model of at least {first + 1} stages on them (model.stages)")
         project = getattr(rec, "project", False)
         op = self.operator(mask=batch["mask"]) if project or first < last else None
-        y = None if op is None else op(x) if "noise" not in batch else op(x) + batch["noise"]  # the window as a scene
+        y = None if op is None else op(x) + batch.get("noise", 0)  # the window as a scene, with its noise
         est, r = batch["x0"], batch["r"]
         for k in range(first, last):
             est, r = rec.step(op, y, est, r, k, scale=s, ensemble=False)

@@ -503,9 +503,9 @@ class FirstIterates(Dataset):
         return data
 
     def _noise(self, data: dict) -> dict:
-        """``data`` with "n" (N, 1, H', W') float16: each scene's measurement noise, n = y − A x (float16 x: a
-        rounding ~1e-4 of y where the camera is noiseless). Windows carry it, so that the stages after the first
-        train on residuals of the noisy measurement, A⁺(A x + n − A x̃), as they meet them at inference."""
+        """``data`` with "n" (N, 1, H', W') float16: each scene's measurement noise, n = y − A x (of the stored
+        float16 x: only its rounding where the camera is noiseless). Windows carry it, so that the stages after
+        the first train on residuals of the noisy measurement, A⁺(A x + n − A x̃), as they meet them at inference."""
         n = torch.empty(data["y"].shape, dtype=torch.float16)
         with torch.no_grad():
             for i in range(len(data["names"])):
