@@ -406,15 +406,19 @@ def test_more_stages_start_from_fewer_in_training(tmp_path):
     TrainingModule(Refiner(bands=5, stages=2, width=4, depth=2, solver=dict(FAST_TV, iters=9), project=True),
                    operator=None, init_weights=str(path))  # the first iterate and how stages chain: not in the weights
     assert all(torch.equal(a, b) for a, b in zip(two.priors[0].state_dict().values(), one.priors[0].state_dict().values()))
+    # a wider U-Net starts as the checkpoint's (its new channels silent), a narrower one is refused
     wider = Refiner(bands=5, stages=2, width=8, depth=2, solver=FAST_TV)
-    with pytest.raises(ValueError, match=r"differs from the configured one in \(width, depth\) per stage"):
-        TrainingModule(wider, operator=None, init_weights=str(path))
+    TrainingModule(wider, operator=None, init_weights=str(path))
+    x = torch.rand(2, 10, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(wider.priors[0](x), one.priors[0](x), rtol=1e-5, atol=1e-6)
+    assert wider.priors[0].last.weight.shape[1] == 8
     # a new stage may have its own U-Net shape; the stages taken from the checkpoint must keep theirs
     deeper = Refiner(bands=5, stages=2, width=[4, 6], depth=[2, 3], solver=FAST_TV)
     TrainingModule(deeper, operator=None, init_weights=str(path))
     assert all(torch.equal(a, b) for a, b in zip(deeper.priors[0].state_dict().values(),
                                                  one.priors[0].state_dict().values()))
-    with pytest.raises(ValueError, match=r"\(width, depth\) per stage \(\[\(4, 2\)\] there, \[\(4, 3\)\] here\)"):
+    with pytest.raises(ValueError, match=r"depth per stage \(\[2\] there, \[3\] here\)"):
         TrainingModule(Refiner(bands=5, stages=2, width=4, depth=[3, 3], solver=FAST_TV), operator=None,
                        init_weights=str(path))
     path2 = checkpoint(tmp_path / "s2.ckpt", deeper)  # and fewer: the checkpoint's first stages
@@ -422,8 +426,8 @@ def test_more_stages_start_from_fewer_in_training(tmp_path):
     TrainingModule(first, operator=None, init_weights=str(path2))
     assert all(torch.equal(a, b) for a, b in zip(first.priors[0].state_dict().values(),
                                                  deeper.priors[0].state_dict().values()))
-    with pytest.raises(ValueError, match=r"\(width, depth\) per stage \(\[\(4, 2\)\] there, \[\(6, 2\)\] here\)"):
-        TrainingModule(Refiner(bands=5, stages=1, width=6, depth=2, solver=FAST_TV), operator=None,
+    with pytest.raises(ValueError, match=r"width per stage \(not below the checkpoint's\) \(\[4\] there, \[3\] here\)"):
+        TrainingModule(Refiner(bands=5, stages=1, width=3, depth=2, solver=FAST_TV), operator=None,
                        init_weights=str(path2))
 
 
@@ -669,3 +673,28 @@ def test_the_pool_computed_on_the_gpu_equals_the_cpu_pool_and_stays_on_the_cpu(b
     for k in ("x", "x0", "r", "y", "mask", "scale"):
         assert gpu[k].device.type == "cpu"
         assert torch.allclose(gpu[k].float(), cpu[k].float(), atol=2e-3, rtol=2e-3), k
+
+
+def test_a_widened_u_net_computes_the_narrow_one_and_its_new_channels_learn():
+    """widen_state at depth 3 (skips, transposed convolutions, fuse's concatenation): the same output in float64 to
+    rounding; after one SGD step the new channels' filters have moved; a narrower target is refused."""
+    from cassi.models.blocks import UNet, widen_state
+
+    torch.manual_seed(0)
+    old = UNet(9, 4, 4, 3).double()
+    for p in old.parameters():  # weights far from their initialisation: every old channel matters
+        torch.nn.init.normal_(p, std=0.3)
+    new = UNet(9, 4, 7, 3).double()
+    new.load_state_dict(widen_state(old.state_dict(), new))
+    x = torch.rand(2, 9, 20, 24, dtype=torch.float64)
+    torch.testing.assert_close(new(x), old(x), rtol=1e-12, atol=1e-10)
+    assert new.fuse[0][0].weight[:4, 4:7].abs().max() == 0 and new.fuse[0][0].weight[:4, 7:11].abs().max() > 0
+    before = new.down[0][0].weight[4:].clone()
+    opt = torch.optim.SGD(new.parameters(), lr=1e-3)
+    for _ in range(2):  # the first step moves the zero readers, the second the new filters behind them
+        opt.zero_grad()
+        (new(x) - x[:, :4]).square().mean().backward()
+        opt.step()
+    assert not torch.equal(new.down[0][0].weight[4:], before)
+    with pytest.raises(ValueError, match=r"widen_state: down.0.0.weight is \(7, 9, 3, 3\), wider than \(4, 9, 3, 3\)"):
+        widen_state(UNet(9, 4, 7, 3).state_dict(), UNet(9, 4, 4, 3))

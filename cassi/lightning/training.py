@@ -27,6 +27,7 @@ from cassi.models.camera import describe_camera
 from cassi.models.card import training_record
 from cassi.models.checkpoint import load_model, resolve_checkpoint
 from cassi.models.losses import ReconstructionLoss
+from cassi.models.blocks import widen_state
 from cassi.models.refine import stage_shapes, transfer_weights
 
 log = logging.getLogger(__name__)
@@ -129,12 +130,18 @@ class TrainingModule(ReconstructionModule):
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
         if refiner and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the stages both have
-            for d, c in ((want, config), (have, trained.config)):
+            shared = min(k_have, k_want)
+            wide, narrow = stage_shapes(config)[:shared], stage_shapes(trained.config)[:shared]
+            for d, shapes in ((want, wide), (have, narrow)):
                 del d["width"], d["depth"]
-                d["(width, depth) per stage"] = stage_shapes(c)[:min(k_have, k_want)]
+                d["depth per stage"] = [depth for _, depth in shapes]
+            # a U-Net may be wider here than there (widened), not narrower
+            want["width per stage (not below the checkpoint's)"] = [w for w, _ in wide]
+            have["width per stage (not below the checkpoint's)"] = [max(w, n) for (w, _), (n, _) in zip(wide, narrow)]
             if k_have > k_want:  # its first stages
                 state = {n: v for n, v in state.items() if not n.startswith("priors.") or int(n.split(".")[1]) < k_want}
                 log.info(f"init_weights={path}: its first {k_want} of {k_have} stages")
+            state = self._widened(model, state, wide, narrow, path)
         if want != have:
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             raise ValueError(f"init_weights={path}: its model differs from the configured one in "
@@ -144,6 +151,21 @@ class TrainingModule(ReconstructionModule):
             missing = [m for m in missing if not (m.startswith("priors.") and int(m.split(".")[1]) >= k_have)]
         if missing:
             raise ValueError(f"init_weights={path}: no weights for {missing[:3]}")
+
+    @staticmethod
+    def _widened(model: nn.Module, state: dict, wide: list, narrow: list, path: str) -> dict:
+        """``state`` with each stage's U-Net embedded in this run's wider one (``cassi.models.blocks.widen_state``:
+        the same function, the new channels silent), one log line naming the widths."""
+        grown = [k for k, ((w, _), (n, _)) in enumerate(zip(wide, narrow)) if w > n]
+        for k in grown:
+            prefix = f"priors.{k}."
+            old = {n[len(prefix):]: v for n, v in state.items() if n.startswith(prefix)}
+            state = {**state, **{prefix + n: v for n, v in widen_state(old, model.priors[k]).items()}}
+        if grown:
+            log.info(f"init_weights={path}: U-Nets of stages {[k + 1 for k in grown]} widened from width "
+                     f"{[narrow[k][0] for k in grown]} to {[wide[k][0] for k in grown]} (new channels start silent: "
+                     f"the same function)")
+        return state
 
     def _carried(self, trained: nn.Module, bands: int, state: dict, path: str) -> dict:
         """``trained``'s Refiner weights for this run's band count, wavelengths and dispersion axis (unchanged when

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["UNet", "ResStack", "padded"]
+__all__ = ["UNet", "ResStack", "padded", "widen_state"]
 
 
 def padded(x: torch.Tensor, multiple: int, fn) -> torch.Tensor:
@@ -63,6 +63,35 @@ class UNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return padded(x, self.multiple, self._forward)
+
+
+def widen_state(old: dict, new: "UNet") -> dict:
+    """The state dict of ``new`` (a UNet as wide as or wider than the one of ``old``, same depth and channels in
+    and out) holding ``old``'s weights: each layer's old filters and biases in its first channels (after
+    ``fuse``'s concatenation, the first of each half), the old outputs reading zero from the new channels, the new
+    channels keeping ``new``'s random initialisation. ``new`` then computes exactly what ``old`` computed
+    (Net2Net-style widening with silent new channels), and training reaches the new channels through their
+    outputs' zero weights, whose gradients are not zero."""
+    state = {k: v.detach().clone() for k, v in new.state_dict().items()}
+    if set(state) != set(old):
+        raise ValueError(f"widen_state: the UNets differ in layers ({sorted(set(state) ^ set(old))[:3]})")
+    for key, w in old.items():
+        target = state[key]
+        if w.dim() != target.dim() or any(a > b for a, b in zip(w.shape, target.shape)):
+            raise ValueError(f"widen_state: {key} is {tuple(w.shape)}, wider than {tuple(target.shape)}")
+        if w.dim() == 1:  # a bias: the old outputs first
+            target[: len(w)] = w
+            continue
+        out_dim, in_dim = (1, 0) if key.startswith("up.") else (0, 1)  # ConvTranspose2d: (in, out, k, k)
+        c_old, c_new = w.shape[in_dim], target.shape[in_dim]
+        if key.startswith("fuse.") and key.endswith(".0.weight"):  # input [up (c/2), skip (c/2)]
+            ins = torch.cat([torch.arange(c_old // 2), c_new // 2 + torch.arange(c_old // 2)])
+        else:
+            ins = torch.arange(c_old)
+        rows = target.narrow(out_dim, 0, w.shape[out_dim])  # the old outputs: read nothing of the new channels
+        rows.zero_()
+        rows.index_copy_(in_dim, ins, w.to(target.dtype))
+    return state
 
 
 class ResStack(nn.Module):
