@@ -421,6 +421,9 @@ def test_more_stages_start_from_fewer_in_training(tmp_path):
     with pytest.raises(ValueError, match=r"depth per stage \(\[2\] there, \[3\] here\)"):
         TrainingModule(Refiner(bands=5, stages=2, width=4, depth=[3, 3], solver=FAST_TV), operator=None,
                        init_weights=str(path))
+    with pytest.raises(ValueError, match=r"depth per stage \(\[2\] there, \[3\] here\)"):  # wider too: the same line
+        TrainingModule(Refiner(bands=5, stages=2, width=8, depth=[3, 3], solver=FAST_TV), operator=None,
+                       init_weights=str(path))
     path2 = checkpoint(tmp_path / "s2.ckpt", deeper)  # and fewer: the checkpoint's first stages
     first = Refiner(bands=5, stages=1, width=4, depth=2, solver=FAST_TV)
     TrainingModule(first, operator=None, init_weights=str(path2))
@@ -677,7 +680,7 @@ def test_the_pool_computed_on_the_gpu_equals_the_cpu_pool_and_stays_on_the_cpu(b
 
 def test_a_widened_u_net_computes_the_narrow_one_and_its_new_channels_learn():
     """widen_state at depth 3 (skips, transposed convolutions, fuse's concatenation): the same output in float64 to
-    rounding; after one SGD step the new channels' filters have moved; a narrower target is refused."""
+    rounding; after two SGD steps the new channels' filters have moved; a narrower target is refused."""
     from cassi.models.blocks import UNet, widen_state
 
     torch.manual_seed(0)

@@ -129,6 +129,7 @@ class TrainingModule(ReconstructionModule):
             state = self._carried(trained, config["bands"], state, path)
         want = {k: v for k, v in config.items() if k not in ignore}
         have = {k: v for k, v in trained.config.items() if k not in ignore}
+        wide = narrow = []  # a Refiner's (width, depth) per stage, here and there, over the stages both have
         if refiner and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the stages both have
             shared = min(k_have, k_want)
             wide, narrow = stage_shapes(config)[:shared], stage_shapes(trained.config)[:shared]
@@ -141,11 +142,11 @@ class TrainingModule(ReconstructionModule):
             if k_have > k_want:  # its first stages
                 state = {n: v for n, v in state.items() if not n.startswith("priors.") or int(n.split(".")[1]) < k_want}
                 log.info(f"init_weights={path}: its first {k_want} of {k_have} stages")
-            state = self._widened(model, state, wide, narrow, path)
         if want != have:
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             raise ValueError(f"init_weights={path}: its model differs from the configured one in "
                              + ", ".join(f"{k} ({have.get(k)!r} there, {want.get(k)!r} here)" for k in diff))
+        state = self._widened(model, state, wide, narrow, path)  # once the shapes are known to fit
         missing = model.load_state_dict(state, strict=False).missing_keys
         if refiner:  # the stages the checkpoint lacks start fresh; every other weight must come from it
             missing = [m for m in missing if not (m.startswith("priors.") and int(m.split(".")[1]) >= k_have)]
