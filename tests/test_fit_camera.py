@@ -204,6 +204,39 @@ def test_at_a_long_budget_a_third_u_net_is_grown_on_an_init_s_pair_and_its_pool(
     assert runs[2][1]["ckpt"] == str(tmp_path / "stage3" / "checkpoints" / "best-epoch000.ckpt")
 
 
+def test_the_u_nets_width_is_the_machine_s_raised_to_the_init_s_and_fixed_by_the_plan(tmp_path, monkeypatch):
+    """machine=cpu_bf16 trains at width 32; an init with wider U-Nets keeps its width (init_weights widens, never
+    narrows), and a fit continued on a machine of another width keeps the width it was planned at."""
+    import dataclasses
+
+    import cassi.lightning.fit as fit_module
+
+    three = {"stages": 3, "depth": 4}
+    assert fit_module.unet_width(["model.width=32"], {**three, "width": 16}) == 32
+    assert fit_module.unet_width(["model.width=32"], {**three, "width": [16, 16, 48]}) == 48
+    assert fit_module.unet_width([], {**three, "width": 32}) == 32  # machine=cpu names none: the init's
+    assert fit_module.unet_width([], {**three, "width": [16, 16, 24]}) is None  # the model config's, the init's shapes
+    assert fit_module.unet_width(["model.width=32"], {}) == 32 and fit_module.unet_width([], {}) is None
+
+    runs = fake_runs(monkeypatch)
+    wide = fit_module.load_model("pretrained/cave_any")
+    wide.config = {**wide.config, "width": 48}  # the plan reads its config only
+    monkeypatch.setattr(fit_module, "load_model", lambda path: wide)
+    bf16 = dataclasses.replace(CPU, train=["trainer.precision=bf16-mixed", "model.width=32"])
+    lines = []
+    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=bf16, echo=lines.append,
+                          init="pretrained/cave_any")
+    assert runs[0][0] == "train.py" and runs[0][1]["model.width"] == "48"
+    assert any("width 48" in line for line in lines), lines
+    assert json.loads((tmp_path / "plan.json").read_text())["width"] == 48
+    # stopped before its end, continued on a float32 CPU (machine=cpu names no width): still 48
+    (tmp_path / "model.ckpt").unlink()
+    (tmp_path / "stage2" / "done.json").unlink()
+    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=lambda *a: None,
+                          init="pretrained/cave_any")
+    assert runs[2][0] == "train.py" and runs[2][1]["model.width"] == "48" and "trainer.precision" not in runs[2][1]
+
+
 def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_path, monkeypatch):
     import cassi.lightning.fit as fit_module
 

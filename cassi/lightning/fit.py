@@ -44,8 +44,9 @@ from pathlib import Path
 
 from cassi.io import write_text_atomic
 from cassi.models import load_model
+from cassi.models.refine import stage_shapes
 
-__all__ = ["Machine", "Phase", "native_bf16", "plan", "progress", "fit_camera"]
+__all__ = ["Machine", "Phase", "native_bf16", "plan", "progress", "fit_camera", "unet_width"]
 
 logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -89,6 +90,17 @@ def native_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
     except OSError:
         return False
     return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def unet_width(train: list[str], init: dict) -> int | None:
+    """The width of the U-Nets a fit trains: the machine's (the last ``model.width=`` of its ``train`` list), raised
+    to the widest of the ``init`` Refiner's (its config; ``init_weights`` widens a U-Net, never narrows one); where
+    the machine names none, the init's when one width serves all its stages; None: the model config's."""
+    given = [int(o.split("=", 1)[1]) for o in train if o.startswith("model.width=")]
+    widths = [w for w, _ in stage_shapes(init)] if {"width", "depth", "stages"} <= set(init) else []
+    if given:
+        return max([given[-1], *widths])
+    return widths[0] if widths and len(set(widths)) == 1 else None
 
 
 def reserve(minutes: float) -> float:
@@ -235,8 +247,17 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     if "phases" in state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
         size, phases = state["pool"], [Phase(**p) for p in state["phases"]]
     else:
-        stages = getattr(load_model(init), "config", {}).get("stages", 1) if init else 1
-        size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=stages)
+        config = getattr(load_model(init), "config", {}) if init else {}
+        size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=config.get("stages", 1))
+        state["width"] = unet_width(machine.train, config)
+        named = [o for o in machine.train if o.startswith("model.width=")]
+        if named and named[-1] != f"model.width={state['width']}":
+            echo(f"fit_camera: U-Nets of width {state['width']}, the init's, wider than the machine's "
+                 f"(a U-Net can be widened, not narrowed)")
+    train = machine.train
+    if "width" in state:  # fixed by the plan (a fit continued on a machine of another width keeps its own)
+        width = state["width"]
+        train = [o for o in train if not o.startswith("model.width=")] + ([f"model.width={width}"] if width else [])
     state.setdefault("camera", camera_overrides)
     state.setdefault("budget_hours", budget_hours)
     state.setdefault("spent_min", 0.0)
@@ -261,7 +282,7 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     if threading.current_thread() is threading.main_thread():  # SIGTERM (kill, a scheduler) ends the run in it too
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        return _phases(out, state, phases, size, camera_overrides, [*machine.train, *(recipe or [])], init, save, echo)
+        return _phases(out, state, phases, size, camera_overrides, [*train, *(recipe or [])], init, save, echo)
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, stop)
