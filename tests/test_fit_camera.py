@@ -217,6 +217,7 @@ def test_the_u_nets_width_is_the_machine_s_raised_to_the_init_s_and_fixed_by_the
     assert fit_module.unet_width([], {**three, "width": 32}) == 32  # machine=cpu names none: the init's
     assert fit_module.unet_width([], {**three, "width": [16, 16, 24]}) is None  # the model config's, the init's shapes
     assert fit_module.unet_width(["model.width=32"], {}) == 32 and fit_module.unet_width([], {}) is None
+    assert fit_module.unet_width(["model.width=[32,32,48]"], {**three, "width": 16}) == "[32,32,48]"  # as given
 
     runs = fake_runs(monkeypatch)
     wide = fit_module.load_model("pretrained/cave_any")

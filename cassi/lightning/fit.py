@@ -92,14 +92,15 @@ def native_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def unet_width(train: list[str], init: dict) -> int | None:
+def unet_width(train: list[str], init: dict) -> int | str | None:
     """The width of the U-Nets a fit trains: the machine's (the last ``model.width=`` of its ``train`` list), raised
-    to the widest of the ``init`` Refiner's (its config; ``init_weights`` widens a U-Net, never narrows one); where
-    the machine names none, the init's when one width serves all its stages; None: the model config's."""
-    given = [int(o.split("=", 1)[1]) for o in train if o.startswith("model.width=")]
+    to the widest of the ``init`` Refiner's (its config; ``init_weights`` widens a U-Net, never narrows one); a
+    machine's list of widths (one per stage) as it is; where the machine names none, the init's when one width
+    serves all its stages; None: the model config's."""
+    given = [o.split("=", 1)[1] for o in train if o.startswith("model.width=")]
     widths = [w for w, _ in stage_shapes(init)] if {"width", "depth", "stages"} <= set(init) else []
     if given:
-        return max([given[-1], *widths])
+        return max([int(given[-1]), *widths]) if given[-1].strip().isdigit() else given[-1]
     return widths[0] if widths and len(set(widths)) == 1 else None
 
 
