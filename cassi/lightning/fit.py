@@ -251,8 +251,7 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
         config = getattr(load_model(init), "config", {}) if init else {}
         size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=config.get("stages", 1))
         state["width"] = unet_width(machine.train, config)
-        named = [o for o in machine.train if o.startswith("model.width=")]
-        if named and named[-1] != f"model.width={state['width']}":
+        if unet_width(machine.train, {}) not in (None, state["width"]):  # the machine named a narrower width
             echo(f"fit_camera: U-Nets of width {state['width']}, the init's, wider than the machine's "
                  f"(a U-Net can be widened, not narrowed)")
     train = machine.train
