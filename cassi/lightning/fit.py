@@ -245,16 +245,16 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     if state and (state.get("camera") != camera_overrides or state.get("budget_hours") != budget_hours):
         raise ValueError(f"{out} holds a fit for camera {state.get('camera')} and budget {state.get('budget_hours')} h; "
                          f"give the same camera and budget to continue it, or another output_dir")
+    train = [*machine.train, *(recipe or [])]  # a recipe's model.width= (e.g. 16 under cpu_bf16) has the last word
     if "phases" in state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
         size, phases = state["pool"], [Phase(**p) for p in state["phases"]]
     else:
         config = getattr(load_model(init), "config", {}) if init else {}
         size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=config.get("stages", 1))
-        state["width"] = unet_width(machine.train, config)
-        if unet_width(machine.train, {}) not in (None, state["width"]):  # the machine named a narrower width
-            echo(f"fit_camera: U-Nets of width {state['width']}, the init's, wider than the machine's "
+        state["width"] = unet_width(train, config)
+        if unet_width(train, {}) not in (None, state["width"]):  # the machine or recipe named a narrower width
+            echo(f"fit_camera: U-Nets of width {state['width']}, the init's, wider than the machine's or recipe's "
                  f"(a U-Net can be widened, not narrowed)")
-    train = machine.train
     if "width" in state:  # fixed by the plan (a fit continued on a machine of another width keeps its own)
         width = state["width"]
         train = [o for o in train if not o.startswith("model.width=")] + ([f"model.width={width}"] if width else [])
@@ -282,7 +282,7 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     if threading.current_thread() is threading.main_thread():  # SIGTERM (kill, a scheduler) ends the run in it too
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        return _phases(out, state, phases, size, camera_overrides, [*train, *(recipe or [])], init, save, echo)
+        return _phases(out, state, phases, size, camera_overrides, train, init, save, echo)
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, stop)
