@@ -93,9 +93,9 @@ def native_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
 
 
 def unet_width(train: list[str], init: dict) -> int | str | None:
-    """The width of the U-Nets a fit trains: the machine's (the last ``model.width=`` of its ``train`` list), raised
-    to the widest of the ``init`` Refiner's (its config; ``init_weights`` widens a U-Net, never narrows one); a
-    machine's list of widths (one per stage) as it is; where the machine names none, the init's when one width
+    """The width of the U-Nets a fit trains: the last ``model.width=`` of ``train`` (the machine's overrides, then the
+    recipe's), raised to the widest of the ``init`` Refiner's (its config; ``init_weights`` widens a U-Net, never
+    narrows one); a list of widths (one per stage) as it is; where ``train`` names none, the init's when one width
     serves all its stages; None: the model config's."""
     given = [o.split("=", 1)[1] for o in train if o.startswith("model.width=")]
     widths = [w for w, _ in stage_shapes(init)] if {"width", "depth", "stages"} <= set(init) else []
