@@ -39,7 +39,8 @@ def main(cfg: DictConfig) -> None:
         print(f"fit_camera: machine={pick} ({why} here; give machine=cpu, cpu_bf16 or gpu to choose)")
     machine = Machine(**machine)
     print(f"fit_camera: plan priced at {machine.scene_s:g} s a pool scene, two stages from {machine.two_stages_min:g} "
-          f"min of training (from an init with two, a third from {machine.three_stages_min:g})")
+          f"min of training (from an init with two, a third from {machine.three_stages_min:g}); "
+          f"train.py: {' '.join(machine.train) or 'the recipe as it is'}")
     try:
         fit_camera(cfg.output_dir, camera_overrides, machine, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
                    init=cfg.init)

@@ -258,8 +258,6 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     if "width" in state:  # fixed by the plan (a fit continued on a machine of another width keeps its own)
         width = state["width"]
         train = [o for o in train if not o.startswith("model.width=")] + ([f"model.width={width}"] if width else [])
-    echo(f"fit_camera: train.py: {' '.join(train) or 'the recipe as it is'} (the machine's overrides, the recipe's, "
-         f"the plan's width)")
     state.setdefault("camera", camera_overrides)
     state.setdefault("budget_hours", budget_hours)
     state.setdefault("spent_min", 0.0)
