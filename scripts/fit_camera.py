@@ -40,7 +40,8 @@ def main(cfg: DictConfig) -> None:
     machine = Machine(**machine)
     print(f"fit_camera: plan priced at {machine.scene_s:g} s a pool scene, two stages from {machine.two_stages_min:g} "
           f"min of training (from an init with two, a third from {machine.three_stages_min:g}); "
-          f"train.py: {' '.join(machine.train) or 'the recipe as it is'}")
+          f"the machine's train.py overrides: {' '.join(machine.train) or 'none'} (the recipe's and the init's width "
+          f"follow: the U-Nets' width is in the next line)")
     try:
         fit_camera(cfg.output_dir, camera_overrides, machine, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
                    init=cfg.init)

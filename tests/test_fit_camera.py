@@ -239,11 +239,13 @@ def test_the_u_nets_width_is_the_machine_s_raised_to_the_init_s_and_fixed_by_the
     # a recipe's width has the last word over the machine's, raised to the init's like the machine's
     for init_width, want in ((48, 48), (16, 16)):
         wide.config = {**wide.config, "width": init_width}
-        out, start = tmp_path / f"recipe{init_width}", len(runs)
-        fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, machine=bf16, echo=lambda *a: None,
+        out, start, said = tmp_path / f"recipe{init_width}", len(runs), []
+        fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, machine=bf16, echo=said.append,
                               init="pretrained/cave_any", recipe=["model.width=16"])
         widths = [r["model.width"] for s, r in runs[start:] if s == "train.py"]
         assert widths and set(widths) == {str(want)}, widths
+        # the fit says the width it trains at (not the machine's 32)
+        assert [line for line in said if "training phase(s)" in line and f"U-Nets of width {want}," in line], said
         assert json.loads((out / "plan.json").read_text())["width"] == want
 
 

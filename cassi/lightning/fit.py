@@ -292,7 +292,9 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
             save, echo) -> Path:
     """fit_camera's phases in turn (those done are kept), then the card."""
     budget_hours = state["budget_hours"]
-    echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, budget {budget_hours:g} h "
+    width = state.get("width")  # fixed by the plan: the machine's, the recipe's, raised to the init's
+    echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, "
+         f"U-Nets of width {width if width is not None else 'the model config sets'}, budget {budget_hours:g} h "
          f"({state['spent_min']:.1f} min spent before) -> {out}")
     base = ["experiment=cave_tsa", "model.mask_input=true", *camera_overrides,
             f"data.train.cubes.samples_per_epoch={size}", "data.train.cubes.spectral_shift=10",
