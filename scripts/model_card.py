@@ -4,7 +4,9 @@ and its last piece's), geometry; plus its reference output on a small fixed inpu
 (``cassi.models.reference_input``) that the tests compare with. With ``ship=true`` the weights go to
 ``cassi/pretrained/<name>.ckpt`` (loadable as ``pretrained/<name>`` everywhere a checkpoint is accepted).
 A Refiner trained without projecting its stages onto y is scored projected too (``project=auto``), and shipped
-projected when that raises its validation PSNR. ``measure=across_masks`` on a shipped model measures only the
+projected when that raises its validation PSNR; it is scored with the flip ensemble on every stage too
+(``ensemble=auto``: twice the U-Nets' time), kept where that raises its validation PSNR by more than 0.05 dB.
+``measure=across_masks`` on a shipped model measures only the
 card's table across masks, and sets it in the card and the weights' record; the rest of the card is kept.
 
     python scripts/model_card.py ckpt=runs/cave_tsa/checkpoints/best-epoch010-step2816.ckpt name=cave_tsa ship=true
@@ -64,6 +66,25 @@ def across_masks(cfg, model, gap_tv, operator) -> list[dict]:
     return rows
 
 
+def choose(cfg, model, operator, results: dict, config: dict, key: str, value, what: str, force: bool,
+           least: float) -> None:
+    """Score ``model`` with ``key = value`` on the validation scenes; keep it where ``force`` or where it raises
+    the validation PSNR by more than ``least`` dB: then it goes into ``config`` (stored with the shipped weights)
+    and ``results`` (both splits scored again)."""
+    before = getattr(model, key)
+    setattr(model, key, value)
+    rows = score(cfg, model, operator, "validation")
+    gain = mean_psnr(rows) - mean_psnr(results["validation"][cfg.name])
+    keep = force or gain > least
+    print(f"{what}: validation PSNR {gain:+.3f} dB -> {'kept' if keep else f'as trained ({before})'}")
+    setattr(model, key, value if keep else before)
+    if keep:
+        config[key] = value
+        model.config = {**model.config, **config}
+        results["validation"][cfg.name] = rows
+        results["test"][cfg.name] = score(cfg, model, operator, "test")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="model_card")
 def main(cfg: DictConfig) -> None:
     L.seed_everything(cfg.seed)
@@ -71,8 +92,9 @@ def main(cfg: DictConfig) -> None:
     out = Path(cfg.out_dir)
     if cfg.measure not in ("all", "across_masks"):
         sys.exit(f"error: measure must be all or across_masks, got {cfg.measure!r}")
-    if str(cfg.project) not in ("auto", "True", "False"):
-        sys.exit(f"error: project must be true, false or auto, got {cfg.project!r}")
+    for key in ("project", "ensemble"):
+        if str(cfg[key]) not in ("auto", "True", "False"):
+            sys.exit(f"error: {key} must be true, false or auto, got {cfg[key]!r}")
     if cfg.measure == "across_masks":  # a shipped model, in place: before any work, the files it updates
         card, weights = out / f"{cfg.name}.md", out / f"{cfg.name}.ckpt"
         if not (card.is_file() and weights.is_file() and resolve_checkpoint(cfg.ckpt).resolve() == weights.resolve()):
@@ -91,19 +113,12 @@ def main(cfg: DictConfig) -> None:
     results = {split: {label: score(cfg, rec, operator, split) for label, rec in methods.items()}
                for split in ("validation", "test")}
     config = {}  # model settings chosen here, stored with the shipped weights
-    if getattr(model, "project", True) is False and cfg.project in ("auto", True):
-        model.project = True  # each stage's output projected onto {A x = y} at inference
-        rows = score(cfg, model, operator, "validation")
-        gain = mean_psnr(rows) - mean_psnr(results["validation"][cfg.name])
-        keep = cfg.project is True or gain > 0
-        print(f"stages projected onto y at inference: validation PSNR {gain:+.3f} dB -> "
-              f"{'projected' if keep else 'as trained'}")
-        model.project = keep
-        if keep:
-            config["project"] = True
-            model.config = {**model.config, **config}
-            results["validation"][cfg.name] = rows
-            results["test"][cfg.name] = score(cfg, model, operator, "test")
+    if getattr(model, "project", True) is False and cfg.project in ("auto", True):  # onto {A x = y} at inference
+        choose(cfg, model, operator, results, config, "project", True, "stages projected onto y at inference",
+               cfg.project is True, 0.0)
+    if getattr(model, "flip_ensemble", True) is not True and cfg.ensemble in ("auto", True):
+        choose(cfg, model, operator, results, config, "flip_ensemble", True, "flip ensemble on every stage",
+               cfg.ensemble is True, 0.05)  # it doubles the U-Nets' time: kept for more than 0.05 dB
     half = cfg.half
     if half == "auto":  # float16 storage only if the validation PSNR stays within 0.05 dB of float32
         with tempfile.TemporaryDirectory() as tmp:

@@ -255,11 +255,12 @@ def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_p
     runs = fake_runs(monkeypatch, stage1_minutes=51)  # 4 of stage 2's 24 planned minutes are left (5: the card's)
     said = []
     fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=said.append,
-                          recipe=["project=false", "half=false", "data.batch_size=4"])
+                          recipe=["project=false", "half=false", "ensemble=false", "data.batch_size=4"])
     assert [script for script, _ in runs] == ["train.py", "model_card.py"]
     # the recipe's card settings go to the card, the rest to training
-    assert runs[1][1]["project"] == "false" and runs[1][1]["half"] == "false" and "data.batch_size" not in runs[1][1]
-    assert runs[0][1]["data.batch_size"] == "4" and "project" not in runs[0][1] and "half" not in runs[0][1]
+    assert runs[1][1]["project"] == runs[1][1]["half"] == runs[1][1]["ensemble"] == "false"
+    assert "data.batch_size" not in runs[1][1]
+    assert runs[0][1]["data.batch_size"] == "4" and not {"project", "half", "ensemble"} & set(runs[0][1])
     assert runs[1][1]["ckpt"] == str(tmp_path / "stage1" / "checkpoints" / "best-epoch000.ckpt")
     assert any(line.startswith("  stage2: skipped, 4.0 of its planned") for line in said), said
     assert json.loads((tmp_path / "stage2" / "done.json").read_text())["skipped"] is True
@@ -380,6 +381,10 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     gain = float(re.search(r"stages projected onto y at inference: validation PSNR ([-+.\d]+) dB",
                            (out / "card.log").read_text()).group(1))
     assert model.project is (gain > 0) and model.config["project"] is (gain > 0)
+    # and with the flip ensemble on every stage: kept where it raised the validation PSNR by more than 0.05 dB
+    gain = float(re.search(r"flip ensemble on every stage: validation PSNR ([-+.\d]+) dB",
+                           (out / "card.log").read_text()).group(1))
+    assert (model.flip_ensemble is True) is (gain > 0.05) and (model.config["flip_ensemble"] is True) is (gain > 0.05)
     assert torch.load(last, weights_only=True)["global_step"] == 6  # the run went on to its end after the kill
     card = (out / "card.md").read_text()
     assert "GAP-TV" in card and "model" in card and "| cave_sponges_y0x0 |" in card  # the validation windows

@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TICK_S = 30  # s between bookings of the time spent (and progress lines) while a phase runs
 # recipe overrides for model_card.py, not train.py
-CARD_KEYS = ("validation.", "test.", "baselines.", "masks_baseline.", "half=", "project=", "across_masks")
+CARD_KEYS = ("validation.", "test.", "baselines.", "masks_baseline.", "half=", "project=", "ensemble=", "across_masks")
 
 
 @dataclass
