@@ -2,6 +2,7 @@
 
     python scripts/benchmark_models.py                       # every conf/model config on this CPU
     python scripts/benchmark_models.py device=cuda train_size=256 train_batch=4 precision=[32,bf16] checkpointing=[false,true]
+    python scripts/benchmark_models.py 'models=[pretrained/cave_any]' repeats=5    # a shipped model against GAP-TV
 FLOPs: one forward pass at flops_size² × bands, batch 1, counted by torch.utils.flop_counter.FlopCounterMode
 (convolutions, matmuls and attention; a multiply-add counts 2; the operator's elementwise work is not
 counted). Reconstruction: the median time of one forward pass at flops_size² × bands (batch 1, no
@@ -25,11 +26,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cassi import CASSI
 from cassi.io import write_text_atomic
+from cassi.models import load_model
 
 
 def model_spec(name: str, bands: int) -> dict:
     """conf/model/<name>.yaml (or the model of conf/experiment/<name>.yaml) at ``bands`` bands, resolved to a
-    plain dict (picklable for the child process)."""
+    plain dict (picklable for the child process); a checkpoint (``pretrained/<name>`` or a .ckpt path): the model
+    it records, as it reconstructs (its inference settings included; its own bands)."""
+    if name.startswith("pretrained/") or name.endswith(".ckpt"):
+        return {**load_model(name).config, "_recursive_": False}  # the config is the constructor call
     group = "experiment" if (Path(__file__).parents[1] / "conf" / "experiment" / f"{name}.yaml").is_file() else "model"
     return OmegaConf.to_container(compose("train", overrides=[f"{group}={name}", f"bands={bands}"]).model, resolve=True)
 

@@ -399,3 +399,14 @@ def test_benchmark_models_script(tmp_path):
     assert gap["gflops"] * 1e9 >= 9 * 2 * (4 * 32 * 9) * 32 * 32 and gap["params"] > 1e6
     assert all(r["samples_per_s"] > 0 and r["reconstruct_s"] > 0 and r["gap_tv_s"] > 0 for r in rows)
     assert "| gapnet | 9 |" in (tmp_path / "benchmark_models.md").read_text()
+
+
+def test_benchmark_models_times_a_shipped_model_as_it_reconstructs(tmp_path):
+    """A checkpoint in ``models``: the model it records (its architecture and inference settings) against GAP-TV."""
+    run("benchmark_models.py", "models=[pretrained/cave_any]", "bands=28", "flops_size=32", "train_size=16",
+        "train_batch=1", "steps=1", "repeats=1", f"output_dir={tmp_path}", f"hydra.run.dir={tmp_path}")
+    (row,) = json.loads((tmp_path / "benchmark_models.json").read_text())
+    shipped = load_model("pretrained/cave_any")
+    assert row["model"] == "pretrained/cave_any" and row["stages"] == shipped.stages
+    assert row["params"] == sum(p.numel() for p in shipped.parameters())
+    assert row["reconstruct_s"] > 0 and row["gap_tv_s"] > 0 and row["samples_per_s"] > 0
