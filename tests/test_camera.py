@@ -9,7 +9,7 @@ from cassi.data.masks import center_crop
 from cassi.data.noise import ShotNoise
 from cassi.data.simulate import BernoulliMasks, FixedMask, RandomMaskCrops, Simulator
 from cassi.models import load_model
-from cassi.models.camera import check_camera, describe_camera
+from cassi.models.camera import check_camera, describe_camera, other_masks_expected
 
 
 def _warnings(caplog, model, mask, bands=28):
@@ -40,6 +40,10 @@ def test_a_window_of_the_training_mask_fits_and_another_mask_warns_once(caplog):
     ok, msgs = _warnings(caplog, model, other)
     assert not ok and len(msgs) == 1 and "trained.ckpt was trained for random crops of the mask" in msgs[0]
     assert _warnings(caplog, model, other) == (False, [])  # once per model and mask
+    third = torch.rand(256, 256, generator=g)
+    with other_masks_expected():  # a model scored across masks on purpose (model_card.py): no line, still False
+        assert _warnings(caplog, model, third) == (False, [])
+    assert _warnings(caplog, model, third.flip(0))[1]  # outside it, another mask warns again
 
 
 def test_bernoulli_camera_accepts_its_kind_only(caplog):

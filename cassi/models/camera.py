@@ -18,14 +18,28 @@ mask) when the model reconstructs through a mask it was not trained for. Imports
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import torch
 
 from cassi.data.masks import mask_stats, row_segment_hashes
 
-__all__ = ["mask_stats", "describe_camera", "check_camera"]
+__all__ = ["mask_stats", "describe_camera", "check_camera", "other_masks_expected"]
 
 log = logging.getLogger("cassi.models")
+_expected = 0  # > 0 inside other_masks_expected()
+
+
+@contextmanager
+def other_masks_expected():
+    """Within it, :func:`check_camera` logs nothing: for tools that score a model across masks on purpose (the model
+    card's table across masks), where each scene's window of each mask would otherwise warn."""
+    global _expected
+    _expected += 1
+    try:
+        yield
+    finally:
+        _expected -= 1
 
 
 def describe_camera(simulator) -> dict | None:
@@ -77,7 +91,7 @@ def _fits(info: dict, mask: torch.Tensor, stats: dict) -> bool:
 
 def check_camera(model, op) -> bool:
     """Log one warning line when ``op``'s mask is not one ``model`` (with a ``camera`` record) was trained for;
-    once per model and mask. True when it fits or nothing is recorded."""
+    once per model and mask, none inside :func:`other_masks_expected`. True when it fits or nothing is recorded."""
     camera = getattr(model, "camera", None)
     if not camera or not isinstance(camera.get("masks"), dict):
         return True
@@ -88,7 +102,7 @@ def check_camera(model, op) -> bool:
         return seen[stats["sha256"]]
     ok = _fits(camera["masks"], mask, stats)
     seen[stats["sha256"]] = ok
-    if not ok:
+    if not ok and not _expected:
         where = getattr(model, "source", None) or type(model).__name__
         shape = "×".join(str(s) for s in stats["shape"])
         log.warning("%s was trained for %s; this mask %s (%s, fill %s) is another camera's: %s (fit a model for it: "
