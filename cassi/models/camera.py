@@ -101,8 +101,10 @@ def check_camera(model, op) -> bool:
     if stats["sha256"] in seen:
         return seen[stats["sha256"]]
     ok = _fits(camera["masks"], mask, stats)
+    if _expected:  # tried on purpose: neither said nor remembered, so a later use of this mask still warns
+        return ok
     seen[stats["sha256"]] = ok
-    if not ok and not _expected:
+    if not ok:
         where = getattr(model, "source", None) or type(model).__name__
         shape = "×".join(str(s) for s in stats["shape"])
         log.warning("%s was trained for %s; this mask %s (%s, fill %s) is another camera's: %s (fit a model for it: "
