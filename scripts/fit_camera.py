@@ -16,14 +16,17 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cassi.data.camera import Camera
-from cassi.lightning.fit import Machine, fit_camera, native_bf16
+from cassi.lightning.fit import Machine, fit_camera, native_bf16, scene_side
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_camera")
 def main(cfg: DictConfig) -> None:
     camera = OmegaConf.to_container(cfg.camera, resolve=True)
     try:  # a bad camera spec fails here, in one line, before any work
-        Camera(**camera).check(frame=(256, 256))
+        cam = Camera(**camera)
+        cam.check()  # a missing file first
+        scene = scene_side(cam)  # 256, or a smaller mask's side
+        cam.check(frame=(scene, scene))
     except ValueError as e:
         sys.exit(f"error: {e}")
     task = HydraConfig.get().overrides.task
@@ -44,7 +47,7 @@ def main(cfg: DictConfig) -> None:
           f"follow: the U-Nets' width is in the next line)")
     try:
         fit_camera(cfg.output_dir, camera_overrides, machine, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
-                   init=cfg.init)
+                   init=cfg.init, scene=scene)
     except (RuntimeError, ValueError) as e:
         sys.exit(f"error: {e}")
 

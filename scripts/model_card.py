@@ -50,7 +50,10 @@ def across_masks(cfg, model, gap_tv, operator) -> list[dict]:
     :func:`cassi.models.camera.check_camera` compares a user's mask with)."""
     rows = []
     for label, keys in (cfg.across_masks or {}).items():
-        spec = {**OmegaConf.to_container(cfg.camera, resolve=True), **OmegaConf.to_container(keys, resolve=True)}
+        keys = OmegaConf.to_container(keys, resolve=True)
+        if "mask" in keys:  # another file: the model's camera.key names a variable of its own mask's file
+            keys.setdefault("key", None)
+        spec = {**OmegaConf.to_container(cfg.camera, resolve=True), **keys}
         c = cfg.copy()
         with open_dict(c):
             c.camera = spec

@@ -154,6 +154,11 @@ def test_camera_checks_the_frame_from_the_mask_header(tmp_path):
         cam.check((64, 64))
     with pytest.raises(ValueError, match="spread the 28 bands over 54 px along 'w', not less than the 50-px frame"):
         Camera(masks="bernoulli").check((40, 50))
+    import scipy.io  # a file of several arrays: the line says which key chooses the mask
+    scipy.io.savemat(tmp_path / "two.mat", {"a": torch.ones(40, 50).numpy(), "b": torch.zeros(40, 50).numpy()})
+    with pytest.raises(ValueError, match=r"several candidate arrays .* \(here: camera.key=<name>\)"):
+        Camera(mask=tmp_path / "two.mat", masks="fixed", bands=4, wavelengths=None).check((40, 50))
+    Camera(mask=tmp_path / "two.mat", key="b", masks="fixed", bands=4, wavelengths=None).check((40, 50))
     sim = Camera(masks="blocks", fill=0.3, block=4).simulator()
     m = sim({"x": torch.rand(2, 28, 16, 16)})["mask"]
     assert m.shape == (2, 1, 16, 16) and bool((m[..., ::4, ::4].repeat_interleave(4, -2).repeat_interleave(4, -1) == m).all())

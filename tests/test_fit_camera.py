@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+import scipy.io
 import torch
 from omegaconf import OmegaConf
 
-from cassi.lightning.fit import Machine, native_bf16, plan
+from cassi.data.camera import Camera
+from cassi.lightning.fit import Machine, native_bf16, plan, scene_side
 from cassi.models import Refiner, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -345,6 +347,50 @@ def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):
     r = fit(tmp_path / "fit", f"camera.mask={tmp_path / 'nope.mat'}")
     assert r.returncode != 0 and f"camera.mask {tmp_path / 'nope.mat'} does not exist" in r.stderr
     assert not (tmp_path / "fit" / "stage1").exists()
+    # bands beyond the training scenes' 400-700 nm: refused before any work, not when the pool meets them
+    nm = "[" + ",".join(str(450 + 10 * c) for c in range(28)) + "]"
+    r = fit(tmp_path / "fit", f"camera.wavelengths={nm}")
+    assert r.returncode != 0 and "2 band(s) at 710, 720 nm lie outside the 400–700 nm" in r.stderr
+    assert not (tmp_path / "fit" / "stage1").exists()
+
+
+def test_the_scenes_follow_a_smaller_mask_and_bad_cameras_are_named():
+    """256² scenes, or a smaller mask's smaller side; no wavelengths, bands beyond CAVE, per-band masks and masks
+    under the 64² training windows are refused in one line."""
+    assert scene_side(Camera(mask=torch.ones(300, 400))) == 256
+    assert scene_side(Camera(mask=None, masks="bernoulli")) == 256
+    assert scene_side(Camera(mask=torch.ones(200, 120), wavelengths="cave", bands=31)) == 120
+    mixed = Camera(masks="mixture", mixture=[{"masks": "bernoulli"}, {"mask": torch.ones(180, 256), "masks": "crops"}])
+    assert scene_side(mixed) == 180
+    with pytest.raises(ValueError, match="camera.wavelengths=null: .* needs their centres"):
+        scene_side(Camera(mask=torch.ones(256, 256), wavelengths=None))
+    with pytest.raises(ValueError, match=r"1 band\(s\) at 395 nm lie outside"):
+        scene_side(Camera(mask=torch.ones(256, 256), bands=3, wavelengths=[395, 500, 600]))
+    with pytest.raises(ValueError, match=r"shape \(28, 256, 256\): a fit needs the \(H, W\) coded aperture"):
+        scene_side(Camera(mask=torch.ones(28, 256, 256)))
+    with pytest.raises(ValueError, match="63 px on its smaller side"):
+        scene_side(Camera(mask=torch.ones(63, 300)))
+
+
+def test_a_smaller_mask_s_scenes_reach_training_and_the_card(tmp_path, monkeypatch):
+    import cassi.lightning.fit as fit_module
+
+    runs = fake_runs(monkeypatch)
+    said = []
+    fit_module.fit_camera(tmp_path / "a", ["camera.mask=m.npy"], budget_hours=0.5, machine=CPU, echo=said.append,
+                          scene=120)
+    assert "scenes and validation windows of 120² px" in said[0]
+    train, card = runs[0][1], runs[-1][1]
+    assert train["data.train.cubes.patch_size"] == "120" and train["data.val.crop_to"] == "120"
+    assert card["validation.test.crop_to"] == "120" and card["test.test.crop_to"] == "100"  # the 150² test crops too
+    assert "test.test.crop_to" not in train
+    fit_module.fit_camera(tmp_path / "b", ["camera.mask=m.npy"], budget_hours=0.5, machine=CPU, echo=said.append,
+                          scene=200, recipe=["data.val.crop_to=64"])  # the recipe's own sizes win
+    train, card = runs[-2][1], runs[-1][1]
+    assert train["data.train.cubes.patch_size"] == "200" and train["data.val.crop_to"] == "64"
+    assert card["validation.test.crop_to"] == "200" and "test.test.crop_to" not in card
+    fit_module.fit_camera(tmp_path / "c", ["camera.mask=m.npy"], budget_hours=0.5, machine=CPU, echo=said.append)
+    assert not any(k in runs[-2][1] for k in ("data.train.cubes.patch_size", "data.val.crop_to"))
 
 
 @pytest.mark.slow
@@ -356,7 +402,11 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in start.state_dict().items()},
                 "cassi": {"model": start.config, "geometry": {"offsets": [0, 2, 4, 6, 8], "axis": "h", "bands": 5},
                           "wavelengths": None}}, init := tmp_path / "start.ckpt")
-    proc = fit(out, wait=False, init=init)
+    # the camera's mask: a variable of a file holding several (camera.key), which the card's other masks must not read
+    scipy.io.savemat(mask := tmp_path / "camera.mat", {"code": (torch.rand(256, 256) < 0.5).double().numpy(),
+                                                        "notes": torch.zeros(256, 256).numpy()})
+    camera = [f"camera.mask={mask}", "camera.key=code"]
+    proc = fit(out, *camera, wait=False, init=init)
     last = out / "stage1" / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 600
     while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
@@ -367,7 +417,7 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     assert not (out / "model.ckpt").exists()
     first = (out / "stage1" / "console.log").read_text()
     assert f"init_weights={init}" in first and "carried from 5 to 28 bands" in first and "along h to w" in first
-    r = fit(out, init=init)
+    r = fit(out, *camera, init=init)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "(resumed)" in r.stdout and "ckpt_path=" in (out / "stage1" / "console.log").read_text()
     # stage 2 grew on stage 1's best and trained both on stage 1's pool (GAP-TV is not run again)
@@ -393,6 +443,7 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     # 2·SEGMENT wide: too narrow a window to recognise)
     log = (out / "card.log").read_text()
     assert "across masks: bernoulli_0.5" in log and log.count("is another camera's") <= 1
-    assert json.loads((out / "plan.json").read_text())["camera"] == ["camera.noise.photons=3000"]
-    again = fit(out, init=init)  # everything done: nothing is redone
+    assert "across masks: tsa_simulation" in log  # another file's mask, read without the camera's key
+    assert json.loads((out / "plan.json").read_text())["camera"] == ["camera.noise.photons=3000", *camera]
+    again = fit(out, *camera, init=init)  # everything done: nothing is redone
     assert again.returncode == 0 and "stage1: done" in again.stdout

@@ -125,7 +125,11 @@ class Camera:
             return None
         if isinstance(self.mask, torch.Tensor):
             return tuple(self.mask.shape)
-        return tuple(io.read_header(self.mask, "mask", key=self.key).shape)
+        try:
+            return tuple(io.read_header(self.mask, "mask", key=self.key).shape)
+        except io.DataFileError as e:  # e.g. a file of several arrays: which one is the camera's key
+            hint = " (here: camera.key=<name>)" if self.key is None and "key=" in str(e) else ""
+            raise ValueError(f"camera.mask {e}{hint}") from None
 
     def check(self, frame: tuple[int, int] | None = None) -> None:
         """ValueError in one line when scenes of ``frame`` (H, W) cannot go through this camera: a mask file that is

@@ -46,13 +46,16 @@ from cassi.io import write_text_atomic
 from cassi.models import load_model
 from cassi.models.refine import stage_shapes
 
-__all__ = ["Machine", "Phase", "native_bf16", "plan", "progress", "fit_camera", "unet_width"]
+__all__ = ["Machine", "Phase", "native_bf16", "plan", "progress", "fit_camera", "unet_width", "scene_side"]
 
 logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TICK_S = 30  # s between bookings of the time spent (and progress lines) while a phase runs
 # recipe overrides for model_card.py, not train.py
 CARD_KEYS = ("validation.", "test.", "baselines.", "masks_baseline.", "half=", "project=", "ensemble=", "across_masks")
+SCENE = 256                # px: the side of the pool's scenes and validation windows, where the mask allows
+SCENE_NM = (400.0, 700.0)  # the training scenes' range (CAVE, 31 bands every 10 nm), resampled to the camera's bands
+TEST_SIDES = (100, 150)    # px: the card's test crops (data=shared_cave), centre-cropped to a smaller mask
 
 
 @dataclass
@@ -102,6 +105,35 @@ def unet_width(train: list[str], init: dict) -> int | str | None:
     if given:
         return max([int(given[-1]), *widths]) if given[-1].strip().isdigit() else given[-1]
     return widths[0] if widths and len(set(widths)) == 1 else None
+
+
+def scene_side(camera) -> int:
+    """The side (px) of the fit's square scenes for a :class:`cassi.data.camera.Camera`: 256, or a smaller mask's
+    smaller side. ValueError in one line for a camera a fit cannot train for: bands without wavelengths or beyond the
+    training scenes' 400–700 nm, a mask of several planes (C, H, W), or one under 64 px (the training windows)."""
+    nm = camera.wavelengths
+    if nm is None:
+        raise ValueError(f"camera.wavelengths=null: a fit makes its training scenes by resampling CAVE "
+                         f"({SCENE_NM[0]:g}–{SCENE_NM[1]:g} nm) to the camera's {camera.bands} bands, so it needs their "
+                         f"centres: a list of nm, 'tsa' or 'cave'")
+    outside = [w for w in nm if not SCENE_NM[0] <= w <= SCENE_NM[1]]
+    if outside:
+        raise ValueError(f"camera.wavelengths: {len(outside)} band(s) at {', '.join(f'{w:g}' for w in outside[:4])}"
+                         f"{' …' if len(outside) > 4 else ''} nm lie outside the {SCENE_NM[0]:g}–{SCENE_NM[1]:g} nm "
+                         f"of the training scenes (CAVE): a fit cannot make training data for them")
+    sides = [SCENE]
+    for part in camera.mixture or [camera]:
+        shape = part.mask_shape()
+        if shape is None:
+            continue
+        if len(shape) != 2:
+            raise ValueError(f"camera.mask {part.mask} has shape {tuple(shape)}: a fit needs the (H, W) coded "
+                             f"aperture, one plane that the dispersion shifts")
+        sides.append(min(shape))
+    if min(sides) < 64:
+        raise ValueError(f"camera.mask is {min(sides)} px on its smaller side: a fit trains on 64² windows of scenes "
+                         f"the mask covers, so it needs a mask of at least 64×64")
+    return min(sides)
 
 
 def reserve(minutes: float) -> float:
@@ -232,12 +264,19 @@ def progress(run: Path) -> str | None:
 
 def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget_hours: float = 3.0,
                noiseless: bool = True, recipe: list[str] | None = None, pool: int | None = None,
-               init: str | None = None, echo=print) -> Path:
+               init: str | None = None, echo=print, scene: int = SCENE) -> Path:
     """Run (or continue) the phases into ``output_dir``; returns ``output_dir/model.ckpt``. ``camera_overrides``:
     the ``camera=...`` / ``camera.<key>=...`` overrides of the camera (passed to every run); ``recipe``: more
     overrides for every training run (e.g. smaller data for a test); ``init``: the weights the fit starts from (a
     Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis), None: from
-    scratch; ``machine``: where it runs (the plan's prices and train.py overrides)."""
+    scratch; ``machine``: where it runs (the plan's prices and train.py overrides); ``scene``: the side of the
+    pool's scenes and the validation windows (:func:`scene_side`: under 256 for a smaller mask, which the card's
+    test crops are then cut to as well)."""
+    if scene < SCENE:  # the recipe's own sizes, given after these, still win
+        card = [f"validation.test.crop_to={scene}"]
+        if scene < max(TEST_SIDES):
+            card.append(f"test.test.crop_to={max((t for t in TEST_SIDES if t <= scene), default=scene)}")
+        recipe = [f"data.train.cubes.patch_size={scene}", f"data.val.crop_to={scene}", *card, *(recipe or [])]
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "plan.json"
@@ -245,6 +284,8 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     if state and (state.get("camera") != camera_overrides or state.get("budget_hours") != budget_hours):
         raise ValueError(f"{out} holds a fit for camera {state.get('camera')} and budget {state.get('budget_hours')} h; "
                          f"give the same camera and budget to continue it, or another output_dir")
+    if scene < SCENE:
+        echo(f"fit_camera: scenes and validation windows of {scene}² px, the mask's smaller side (under {SCENE})")
     train = [*machine.train, *(recipe or [])]  # a recipe's model.width= (e.g. 16 under cpu_bf16) has the last word
     if "phases" in state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
         size, phases = state["pool"], [Phase(**p) for p in state["phases"]]
