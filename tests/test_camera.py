@@ -121,6 +121,11 @@ def test_data_configs_choose_their_camera_and_the_command_line_wins(shared_data)
         mine = compose("train", overrides=["experiment=tsa_real", "camera=synthetic"])
     assert plain.camera.masks == "bernoulli" and real.camera.noise.photons == 3413
     assert real.camera.mask.endswith("tsa_real_mask_660.mat") and mine.camera.masks == "bernoulli"
+    with initialize_config_dir(str(CONF), version_base="1.3"):  # measurement files read the camera's mask and key
+        for data in ("measurements", "real"):
+            cfg = compose("reconstruct", overrides=[f"data={data}", "data.predict.entries=m.mat", "camera.mask=c.mat",
+                                                    "camera.key=code"])
+            assert cfg.data.predict.mask == "c.mat" and cfg.data.predict.mask_key == "code"
 
 
 @pytest.mark.parametrize("bad, message", [
