@@ -46,6 +46,24 @@ def test_a_window_of_the_training_mask_fits_and_another_mask_warns_once(caplog):
     assert _warnings(caplog, model, third)[1]  # outside it, the same mask warns (not remembered as said)
 
 
+def test_every_window_of_64_px_or_more_is_recognised_and_constant_rows_name_no_mask(caplog):
+    g = torch.Generator().manual_seed(3)
+    mask = (torch.rand(256, 256, generator=g) < 0.5).float()
+    mask[:, :70] = 0  # a dark border, as real masks have
+    model = torch.nn.Module()
+    model.camera = describe_camera(Simulator(FixedMask(mask)))
+    for side in (64, 90, 100, 150, 200):  # centre crops of the scene sizes a model meets (the shared crops: 100, 150)
+        assert _warnings(caplog, model, center_crop(mask, (side, side))) == (True, [])
+    for top, left, h, w in ((1, 77, 64, 64), (63, 129, 64, 100), (100, 33, 90, 120), (5, 60, 64, 64)):
+        assert _warnings(caplog, model, mask[top:top + h, left:left + w]) == (True, [])
+    other = (torch.rand(100, 100, generator=g) < 0.5).float()
+    other[:, :80] = 0  # another mask with a dark border: the border's constant segments name neither
+    assert not _warnings(caplog, model, other)[0]
+    border = mask[:64, 40:110].clone()
+    border[:, 32:] = 1  # the border beside a bright stretch: nothing in it names the mask
+    assert not _warnings(caplog, model, border)[0]
+
+
 def test_bernoulli_camera_accepts_its_kind_only(caplog):
     model = torch.nn.Module()
     model.camera = describe_camera(Simulator(BernoulliMasks(0.5)))
@@ -71,6 +89,9 @@ def test_shipped_tsa_models_know_their_masks(caplog, shared_data):
     cave_tsa, tsa_real = load_model("pretrained/cave_tsa"), load_model("pretrained/tsa_real")
     assert _warnings(caplog, cave_tsa, tsa)[0] and _warnings(caplog, tsa_real, real)[0]
     assert _warnings(caplog, tsa_real, center_crop(real, (256, 256)))[0]
+    for side in (100, 150):  # the shared test crops' sizes, where the mask is centre-cropped to the scene
+        assert _warnings(caplog, cave_tsa, center_crop(tsa, (side, side))) == (True, [])
+        assert _warnings(caplog, tsa_real, center_crop(real, (side, side))) == (True, [])
     for model in (cave_tsa, tsa_real):  # tsa_real loses 2.2 dB to GAP-TV through Bernoulli(0.5) masks
         ok, msgs = _warnings(caplog, model, bern)
         assert not ok and len(msgs) == 1

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import torch
 
-__all__ = ["bernoulli_mask", "random_crops", "center_crop", "mask_stats", "segment_hashes", "row_segment_hashes", "SEGMENT"]
+__all__ = ["bernoulli_mask", "random_crops", "center_crop", "mask_stats", "segment_hashes", "window_segment_hashes", "SEGMENT"]
 
 
 def _check_int(name: str, value, minimum: int = 1) -> int:
@@ -130,16 +131,31 @@ def _hash(values) -> int:
     return int.from_bytes(hashlib.sha256(values.tobytes()).digest()[:8], "little", signed=True)
 
 
-def segment_hashes(mask: torch.Tensor, every: int = SEGMENT) -> list[int]:
-    """Hashes (64-bit) of the mask's row segments of :data:`SEGMENT` pixels starting at columns 0, every, 2·every…
-    of every row (the last dim is the row): a window of the mask at least 2·SEGMENT wide contains one of them in
-    its first row, so a window can be recognised without storing the mask (only these hashes)."""
+def _names_a_mask(segment) -> bool:
+    """Whether a segment is specific enough to name its mask: no constant run of SEGMENT/2 px or longer in it (a dark
+    border's, or a sparse mask's empty stretch, could be any mask's)."""
+    ends = np.flatnonzero(np.diff(segment) != 0)
+    return np.diff(np.concatenate(([-1], ends, [len(segment) - 1]))).max() < SEGMENT // 2
+
+
+def _segments(m, offsets):
+    """{hash of m[r, c:c + SEGMENT] for (r, c) in offsets}, those that name no mask left out."""
+    return {_hash(m[r, c:c + SEGMENT]) for r, c in offsets if _names_a_mask(m[r, c:c + SEGMENT])}
+
+
+def segment_hashes(mask: torch.Tensor) -> list[int]:
+    """Hashes (64-bit) of the mask's row segments of :data:`SEGMENT` pixels, row r's at the columns c ≡ r (mod
+    SEGMENT) (the last dim is the row): every window of the mask at least SEGMENT × SEGMENT px contains one of them
+    in its first SEGMENT rows (:func:`window_segment_hashes`), so a window, a centre crop of a scene's size among
+    them, is recognised without storing the mask (these hashes: about one per SEGMENT pixels)."""
     m = torch.as_tensor(mask).detach().to("cpu", torch.float32).reshape(-1, mask.shape[-1]).contiguous().numpy()
-    return sorted({_hash(m[r, c:c + SEGMENT]) for r in range(m.shape[0])
-                   for c in range(0, m.shape[1] - SEGMENT + 1, every)})
+    rows, width = m.shape
+    return sorted(_segments(m, ((r, c) for r in range(rows) for c in range(r % SEGMENT, width - SEGMENT + 1, SEGMENT))))
 
 
-def row_segment_hashes(row: torch.Tensor) -> list[int]:
-    """Hashes of the row's segments of :data:`SEGMENT` pixels at the first SEGMENT offsets (see :func:`segment_hashes`)."""
-    r = torch.as_tensor(row).detach().to("cpu", torch.float32).contiguous().numpy()
-    return [_hash(r[j:j + SEGMENT]) for j in range(min(SEGMENT, r.shape[0] - SEGMENT + 1))]
+def window_segment_hashes(window: torch.Tensor) -> set[int]:
+    """Hashes of an (H, W) window's row segments that :func:`segment_hashes` of a mask holding it includes: its first
+    SEGMENT rows at the first SEGMENT columns (fewer where it is smaller; none below SEGMENT px wide)."""
+    m = torch.as_tensor(window).detach().to("cpu", torch.float32).reshape(-1, window.shape[-1]).contiguous().numpy()
+    rows, width = m.shape
+    return _segments(m, ((r, c) for r in range(min(SEGMENT, rows)) for c in range(min(SEGMENT, width - SEGMENT + 1))))

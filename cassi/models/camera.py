@@ -6,7 +6,7 @@ or None} (from the data's :class:`cassi.data.simulate.Simulator`). Mask descript
 - {"kind": "fixed", "sha256", "shape", "fill", "binary", "segments"}: one mask (its fingerprint and statistics;
   the segments recognise the centre crop that scenes smaller than it meet)
 - {"kind": "crops", "sha256", "shape", "fill", "binary", "segments"}: random windows of one larger mask (the
-  hashes of its row segments recognise a window: :func:`cassi.data.masks.segment_hashes`)
+  hashes of its row segments recognise a window of 64² px or more: :func:`cassi.data.masks.segment_hashes`)
 - {"kind": "bernoulli", "p"}: a fresh Bernoulli(p) mask per sample
 - {"kind": "blocks", "p", "block"}: a fresh mask of binary blocks of ``block`` px per sample
   (``p`` a fill factor or a range [lo, hi] of them)
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-from cassi.data.masks import mask_stats, row_segment_hashes
+from cassi.data.masks import mask_stats, window_segment_hashes
 
 __all__ = ["mask_stats", "describe_camera", "check_camera", "other_masks_expected"]
 
@@ -72,12 +72,11 @@ def _fits(info: dict, mask: torch.Tensor, stats: dict) -> bool:
     kind = info.get("kind")
     if kind == "mixture":
         return any(_fits(s, mask, stats) for s in info.get("sources", []))
-    if kind in ("fixed", "crops"):  # the whole mask, or a window of it (one of its first row's segments is the mask's)
+    if kind in ("fixed", "crops"):  # the whole mask, or a window of it (a segment of its first rows is the mask's)
         if stats["sha256"] == info.get("sha256"):
             return True
         known = set(info.get("segments") or ())
-        row = mask.reshape(-1, mask.shape[-2], mask.shape[-1])[0, 0]
-        return bool(known) and any(h in known for h in row_segment_hashes(row))
+        return bool(known) and not known.isdisjoint(window_segment_hashes(mask.reshape(-1, *mask.shape[-2:])[0]))
     if kind in ("bernoulli", "blocks"):
         b = int(info.get("block", 1))
         m = mask.reshape(-1, *mask.shape[-2:])[0]
