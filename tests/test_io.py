@@ -219,9 +219,13 @@ def test_shared_cave(shared_data, name, size):
 
 # ----------------------------------------------------------------------------- errors
 
-def test_missing_and_unknown(tmp_path):
+def test_missing_and_unknown(tmp_path, monkeypatch):
     with pytest.raises(DataFileError, match=err(tmp_path / "nope.mat", "file not found")):
         load_cube(tmp_path / "nope.mat")
+    monkeypatch.chdir(tmp_path)  # a relative path names the directory it was looked for in
+    with pytest.raises(DataFileError, match=err("nope.mat", f"file not found \\(a relative path: read from the working "
+                                                            f"directory {re.escape(str(tmp_path))}\\)")):
+        load_cube("nope.mat")
     (tmp_path / "cube.xyz").write_bytes(b"0")
     with pytest.raises(DataFileError, match=err(tmp_path / "cube.xyz", "unknown file extension '.xyz'")):
         load_cube(tmp_path / "cube.xyz")

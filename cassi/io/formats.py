@@ -430,7 +430,8 @@ def read_array(path: str | os.PathLike, key: str | None = None, names: tuple[str
     path = Path(path)
     fmt = format_of(path)
     if not path.is_file():
-        raise DataFileError(path, "file not found" if not path.exists() else "not a regular file")
+        where = "" if path.is_absolute() else f" (a relative path: read from the working directory {Path.cwd()})"
+        raise DataFileError(path, ("file not found" if not path.exists() else "not a regular file") + where)
     declared = ""
     try:
         with fmt.open(path) as (arrays, attrs, array_attrs):
