@@ -138,9 +138,14 @@ def _names_a_mask(segment) -> bool:
     return np.diff(np.concatenate(([-1], ends, [len(segment) - 1]))).max() < SEGMENT // 2
 
 
+def _rows(mask: torch.Tensor) -> np.ndarray:
+    """The mask's rows (the last dim) as one float32 (rows, width) array on the CPU."""
+    return torch.as_tensor(mask).detach().to("cpu", torch.float32).reshape(-1, mask.shape[-1]).contiguous().numpy()
+
+
 def _segments(m, offsets):
     """{hash of m[r, c:c + SEGMENT] for (r, c) in offsets}, those that name no mask left out."""
-    return {_hash(m[r, c:c + SEGMENT]) for r, c in offsets if _names_a_mask(m[r, c:c + SEGMENT])}
+    return {_hash(seg) for r, c in offsets if _names_a_mask(seg := m[r, c:c + SEGMENT])}
 
 
 def segment_hashes(mask: torch.Tensor) -> list[int]:
@@ -148,7 +153,7 @@ def segment_hashes(mask: torch.Tensor) -> list[int]:
     SEGMENT) (the last dim is the row): every window of the mask at least SEGMENT × SEGMENT px contains one of them
     in its first SEGMENT rows (:func:`window_segment_hashes`), so a window, a centre crop of a scene's size among
     them, is recognised without storing the mask (these hashes: about one per SEGMENT pixels)."""
-    m = torch.as_tensor(mask).detach().to("cpu", torch.float32).reshape(-1, mask.shape[-1]).contiguous().numpy()
+    m = _rows(mask)
     rows, width = m.shape
     return sorted(_segments(m, ((r, c) for r in range(rows) for c in range(r % SEGMENT, width - SEGMENT + 1, SEGMENT))))
 
@@ -156,6 +161,6 @@ def segment_hashes(mask: torch.Tensor) -> list[int]:
 def window_segment_hashes(window: torch.Tensor) -> set[int]:
     """Hashes of an (H, W) window's row segments that :func:`segment_hashes` of a mask holding it includes: its first
     SEGMENT rows at the first SEGMENT columns (fewer where it is smaller; none below SEGMENT px wide)."""
-    m = torch.as_tensor(window).detach().to("cpu", torch.float32).reshape(-1, window.shape[-1]).contiguous().numpy()
+    m = _rows(window)
     rows, width = m.shape
     return _segments(m, ((r, c) for r in range(min(SEGMENT, rows)) for c in range(min(SEGMENT, width - SEGMENT + 1))))
