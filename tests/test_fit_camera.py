@@ -59,10 +59,16 @@ def test_plan_follows_the_budget():
     assert pair.name == "stage2" and pair.minutes < CPU.three_stages_min
     assert [p.name for p in plan(0.5, True, CPU, init_stages=2)[1]] == ["stage2"]  # at any budget
     assert [p.name for p in plan(0.5, True, CPU)[1]] == ["stage1"]  # a U-Net grown: not under 40 minutes
-    # from an init with three: all three from the start from three_stages_min, below it its first two
-    (triple,) = plan(3, False, CPU, init_stages=3)[1]
+    # from an init with three: all three from the start from three_stages_min (on 64² windows, then the last third
+    # on windows of half the scene's side), below it its first two
+    triple, large = plan(3, False, CPU, init_stages=3)[1]
     assert triple.name == "stage3" and {"model.stages=3", "data.train.stages=1"} <= set(triple.overrides)
-    assert triple.minutes + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
+    assert large.name == "stage3_large" and {"model.stages=3", "data.train.patch_size=128"} <= set(large.overrides)
+    assert triple.minutes == pytest.approx(2 * large.minutes)
+    assert triple.minutes + large.minutes + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
+    (triple,) = plan(3, False, CPU, init_stages=3, scene=128)[1]  # a mask of 128 px: 64² windows throughout
+    assert triple.name == "stage3" and triple.minutes + pool * CPU.scene_s / 60 == pytest.approx(180 - 5)
+    assert "data.train.patch_size=80" in plan(3, False, CPU, init_stages=3, scene=160)[1][1].overrides
     (pair,) = plan(1, True, CPU, init_stages=3)[1]
     assert pair.name == "stage2" and "model.stages=2" in pair.overrides
     with pytest.raises(ValueError, match="budget_hours must be > 0"):
@@ -180,10 +186,18 @@ def test_at_a_long_budget_an_init_s_three_u_nets_train_together(tmp_path, monkey
     runs = fake_runs(monkeypatch)
     fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=3, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
-    assert [script for script, _ in runs] == ["train.py", "model_card.py"]
-    triple = runs[0][1]
+    assert [script for script, _ in runs] == ["train.py", "train.py", "model_card.py"]
+    triple, large = runs[0][1], runs[1][1]
     assert triple["hydra.run.dir"] == str(tmp_path / "stage3") and triple["model.stages"] == "3"
     assert triple["init_weights"] == "pretrained/cave_any" and "data.train.cache" not in triple
+    assert triple["data.train.patch_size"] == "64" and "callbacks.deadline.at" not in triple
+    # then the three on from stage 3's best, on 128² windows of its pool, until the budget's end less the card's 5
+    assert large["hydra.run.dir"] == str(tmp_path / "stage3_large") and large["model.stages"] == "3"
+    assert large["init_weights"] == str(tmp_path / "stage3" / "checkpoints" / "best-epoch000.ckpt")
+    assert large["data.train.cache"] == str(tmp_path / "stage3" / "first_iterates.pt")
+    assert large["data.train.patch_size"] == "128" and float(large["module.optimizer.lr"]) < 1e-3
+    assert float(large["callbacks.deadline.at"]) == pytest.approx(time.time() + (180 - 5 - 30) * 60, abs=30)
+    assert runs[2][1]["ckpt"] == str(tmp_path / "stage3_large" / "checkpoints" / "best-epoch000.ckpt")
 
 
 def test_at_a_long_budget_a_third_u_net_is_grown_on_an_init_s_pair_and_its_pool(tmp_path, monkeypatch):
