@@ -55,6 +55,7 @@ TICK_S = 30  # s between bookings of the time spent (and progress lines) while a
 # recipe overrides for model_card.py, not train.py
 CARD_KEYS = ("validation.", "test.", "baselines.", "masks_baseline.", "half=", "project=", "ensemble=", "across_masks")
 SCENE = 256                # px: the side of the pool's scenes and validation windows, where the mask allows
+WINDOW = 64                # px: the side of the training windows (the last phase's at long budgets: scene // 2)
 SCENE_NM = (400.0, 700.0)  # the training scenes' range (CAVE, 31 bands every 10 nm), resampled to the camera's bands
 TEST_SIDES = (100, 150)    # px: the card's test crops (data=shared_cave), centre-cropped to a smaller mask
 LARGE_LR = 2.0e-4           # the learning rate of the larger windows' phase (cave_any piece 13's; the recipe's: 1e-3)
@@ -132,9 +133,9 @@ def scene_side(camera) -> int:
             raise ValueError(f"camera.mask {part.mask} has shape {tuple(shape)}: a fit needs the (H, W) coded "
                              f"aperture, one plane that the dispersion shifts")
         sides.append(min(shape))
-    if min(sides) < 64:
-        raise ValueError(f"camera.mask is {min(sides)} px on its smaller side: a fit trains on 64² windows of scenes "
-                         f"the mask covers, so it needs a mask of at least 64×64")
+    if min(sides) < WINDOW:
+        raise ValueError(f"camera.mask is {min(sides)} px on its smaller side: a fit trains on {WINDOW}² windows of "
+                         f"scenes the mask covers, so it needs a mask of at least {WINDOW}×{WINDOW}")
     return min(sides)
 
 
@@ -178,8 +179,8 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
         if train < machine.three_stages_min:
             return pool, [Phase("stage2", train, stages(2))]
         if init_stages >= 3:
-            window = scene // 2  # the last third on windows of half the scene (128² in 256² scenes), where over 64
-            if window <= 64:
+            window = scene // 2  # the last third on windows of half the scene (128² in 256² scenes), where over WINDOW
+            if window <= WINDOW:
                 return pool, [Phase("stage3", train, stages(3))]
             return pool, [Phase("stage3", 2 / 3 * train, stages(3)),
                           Phase("stage3_large", train / 3, [*stages(3), f"data.train.patch_size={window}",
@@ -350,7 +351,7 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
          f"({state['spent_min']:.1f} min spent before) -> {out}")
     base = ["experiment=cave_tsa", "model.mask_input=true", *camera_overrides,
             f"data.train.cubes.samples_per_epoch={size}", "data.train.cubes.spectral_shift=10",
-            "data.train.cubes.spectral_stretch=0.05", "data.train.cubes.zoom=1", "data.train.patch_size=64",
+            "data.train.cubes.spectral_stretch=0.05", "data.train.cubes.zoom=1", f"data.train.patch_size={WINDOW}",
             "test=false", "callbacks.progress=null"]
     previous = None
     for phase in phases:
