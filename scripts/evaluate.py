@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from rich.console import Console
 
+import cassi.threads
 from cassi.lightning.callbacks import ResultsTable
 from cassi.lightning.module import ReconstructionModule
 from cassi.models import load_model
@@ -22,6 +23,7 @@ from cassi.models import load_model
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    cassi.threads.configure(cfg.threads)
     L.seed_everything(cfg.seed, workers=True)
     operator = instantiate(cfg.operator, _partial_=True)
     reconstructor = load_model(cfg.ckpt, operator=operator) if cfg.ckpt else instantiate(cfg.solver)

@@ -15,12 +15,14 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+import cassi.threads
 from cassi.data.camera import Camera
 from cassi.lightning.fit import Machine, fit_camera, native_bf16, scene_side
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_camera")
 def main(cfg: DictConfig) -> None:
+    cassi.threads.configure(cfg.threads)
     camera = OmegaConf.to_container(cfg.camera, resolve=True)
     try:  # a bad camera spec fails here, in one line, before any work
         cam = Camera(**camera)
@@ -46,7 +48,8 @@ def main(cfg: DictConfig) -> None:
           f"the machine's train.py overrides: {' '.join(machine.train) or 'none'} (the recipe's and the init's width "
           f"follow: the U-Nets' width is in the next line)")
     try:
-        fit_camera(cfg.output_dir, camera_overrides, machine, cfg.budget_hours, noiseless, list(cfg.recipe), cfg.pool,
+        fit_camera(cfg.output_dir, camera_overrides, machine, cfg.budget_hours, noiseless,
+                   [f"threads={cfg.threads}", *cfg.recipe], cfg.pool,
                    init=cfg.init, scene=scene)
     except (RuntimeError, ValueError) as e:
         sys.exit(f"error: {e}")

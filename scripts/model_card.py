@@ -23,6 +23,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+import cassi.threads
 from cassi.data.camera import Camera
 from cassi.io import write_text_atomic
 from cassi.lightning.callbacks import ResultsTable
@@ -92,6 +93,7 @@ def choose(cfg, model, operator, results: dict, config: dict, key: str, value, w
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="model_card")
 def main(cfg: DictConfig) -> None:
+    cassi.threads.configure(cfg.threads)
     L.seed_everything(cfg.seed)
     operator = instantiate(cfg.operator, _partial_=True)
     out = Path(cfg.out_dir)

@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from rich.console import Console
 
+import cassi.threads
 from cassi.lightning.module import ReconstructionModule
 from cassi.models import load_model
 
@@ -27,6 +28,7 @@ EXIT_FAILED_INPUTS = 3
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="reconstruct")
 def main(cfg: DictConfig) -> None:
+    cassi.threads.configure(cfg.threads)
     L.seed_everything(cfg.seed, workers=True)
     console = Console()
     writer = instantiate(cfg.writer)

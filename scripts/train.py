@@ -14,12 +14,14 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+import cassi.threads
 from cassi.lightning.callbacks import ResultsTable
 from cassi.lightning.training import best_score
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    cassi.threads.configure(cfg.threads)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     module = instantiate(cfg.module, model=instantiate(cfg.model), operator=instantiate(cfg.operator, _partial_=True))

@@ -1,6 +1,10 @@
 """Shared fixtures: where the real test data live (../shared/data beside the project); a memory guard."""
 import contextlib
 import os
+
+# pytest-xdist's workers share the cores: each takes its share (cassi.threads), and so do the scripts they start
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
+    os.environ.setdefault("CASSI_JOBS", os.environ["PYTEST_XDIST_WORKER_COUNT"])
 import re
 import resource
 import time

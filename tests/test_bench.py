@@ -123,3 +123,30 @@ def test_disturbed_timing_is_repeated_then_kept_with_a_warning(monkeypatch, caps
     calls.clear()
     bench._median_ms(lambda: calls.append(1), 3, 0, lambda: None)
     assert len(calls) == 3
+
+
+def test_shared_machine_worker_runs_each_setting_in_its_own_process():
+    """cassi.bench_shared: a worker times GAP-TV (and no model) with the thread setting it is given, in a fresh
+    process whose environment is the setting's."""
+    from cassi import bench_shared
+
+    spec = {"size": 24, "bands": 4, "iters": 2, "repeats": 2, "mask": None, "ckpt": None, "threads": 1}
+    res = bench_shared.run_worker(spec, {"OMP_WAIT_POLICY": "PASSIVE"})
+    assert res["threads"] == 1 and len(res["gap_tv"]) == 2 and all(t > 0 for t in res["gap_tv"])
+    assert "model" not in res and "fixed" in res["report"]
+    with pytest.raises(RuntimeError, match="benchmark worker failed"):
+        bench_shared.run_worker({**spec, "mask": "no/such/mask.mat"}, {})
+
+
+def test_shared_machine_tables_compare_the_default_with_the_better_of_one_and_all_threads():
+    from cassi import bench_shared
+
+    rows = [{"busy": b, "setting": s, "threads": t, "gap_tv": g, "model": []}
+            for b, s, t, g in [(0, "default", 2, [0.5, 0.6]), (0, "one thread", 1, [1.0]), (0, "all threads", 2, [0.4]),
+                               (1, "default", 1, [0.9]), (1, "one thread", 1, [0.9]), (1, "all threads", 2, [1.8])]]
+    md = bench_shared.contention_markdown(rows, None)
+    assert "| 0 | 0.55 (0.50–0.60) | 1.00 (1.00–1.00) | 0.40 (0.40–0.40) | 1.38× |" in md  # 0.55 / 0.40
+    assert "| 1 | 0.90 (0.90–0.90) | 0.90 (0.90–0.90) | 1.80 (1.80–1.80) | 1.00× |" in md
+    sweep = bench_shared.sweep_markdown([{"launcher": "one after the other", "seconds": 20.0, "threads": [2, 2]},
+                                         {"launcher": "joblib", "seconds": 16.0, "threads": [1, 1]}], 2, "evaluate")
+    assert "| joblib | 1, 1 | 16.0 | 1.25× |" in sweep

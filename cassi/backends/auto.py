@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from cassi import threads
 from cassi.backends.base import Backend, Geometry, UnsupportedGeometry
 
 log = logging.getLogger("cassi")
@@ -63,12 +64,15 @@ class AutoBackend(Backend):
 
     def _fastest(self, x, mask, g, key=None):
         """Time forward+adjoint into preallocated outputs: the kernels' speed, not the allocator's
-        (first touches of fresh memory vary by orders of magnitude with the OS/VM state)."""
+        (first touches of fresh memory vary by orders of magnitude with the OS/VM state). The candidates take
+        turns, ``repeats`` rounds after a warm-up round, and each one's best round counts: a process that
+        wakes up beside the timing slows one round of one candidate, not a candidate's every run (the choice
+        must hold when the machine is busy before or after it is made)."""
         sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
         y = torch.zeros(x.shape[0], 1, *x.shape[2:-1], g.out_width, dtype=x.dtype, device=x.device)
         xo = torch.zeros_like(x)
-        best, best_t = None, float("inf")
         dropped = self.rejected.setdefault(key, {})
+        timed = {}
         for cand in self._supported(g, x.device):
             why = verify(cand, x, mask, g)
             if why is not None:
@@ -77,25 +81,26 @@ class AutoBackend(Backend):
                 log.log(level, "cassi auto backend: dropped %s for x %s %s on %s: %s",
                         cand.name, tuple(x.shape), x.dtype, x.device, why)
                 continue
-            times = []
-            try:
-                for _ in range(self.repeats + 1):  # the first run warms up
+            timed[cand] = []
+        threads.adapt()  # timed with the threads the work will run with
+        for _ in range(self.repeats + 1):  # the first round warms up
+            for cand in list(timed):
+                try:
                     sync()
                     t0 = time.perf_counter()
                     cand.adjoint(cand.forward(x, mask, g, out=y), mask, g, out=xo)
                     sync()
-                    times.append(time.perf_counter() - t0)
-            except Exception as e:  # noqa: BLE001 - e.g. out of memory at the full size
-                dropped[cand.name] = f"raised {type(e).__name__} while timed: {e}"
-                log.warning("cassi auto backend: dropped %s: %s", cand.name, dropped[cand.name])
-                continue
-            t = sorted(times[1:])[len(times[1:]) // 2]
-            log.debug("auto: %s %.3f ms", cand.name, 1e3 * t)
-            if t < best_t:
-                best, best_t = cand, t
+                    timed[cand].append(time.perf_counter() - t0)
+                except Exception as e:  # noqa: BLE001 - e.g. out of memory at the full size
+                    dropped[cand.name] = f"raised {type(e).__name__} while timed: {e}"
+                    log.warning("cassi auto backend: dropped %s: %s", cand.name, dropped[cand.name])
+                    del timed[cand]
+        best = min(timed, key=lambda c: min(timed[c][1:] or timed[c]), default=None)
         if best is None:
             raise UnsupportedGeometry(f"no candidate of {[c.name for c in self.candidates]} ran on {x.device}"
                                       + "".join(f"; {n}: {w}" for n, w in dropped.items()))
+        for cand, times in timed.items():
+            log.debug("auto: %s %.3f ms", cand.name, 1e3 * min(times[1:] or times))
         log.info("cassi auto backend: %s for x %s on %s", best.name, tuple(x.shape), x.device)
         return best
 

@@ -16,7 +16,7 @@ from typing import Callable
 import lightning as L
 import torch
 
-from cassi import CASSI
+from cassi import CASSI, threads
 from cassi.metrics import all_metrics
 
 class ReconstructionModule(L.LightningModule):
@@ -47,6 +47,7 @@ class ReconstructionModule(L.LightningModule):
         """(B, C, H, W) reconstruction of ``batch["y"]`` (by ``reconstructor``, default this module's) and stats:
         time per scene, iterations, and the relative residual ‖y − A x‖/‖y‖ per scene ("residual", (B,))."""
         op = self.operator(mask=batch["mask"]).to(batch["y"].device)
+        threads.adapt()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()

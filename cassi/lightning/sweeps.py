@@ -4,8 +4,9 @@ A sweep (``python scripts/train.py -m ...``, an Optuna search, a joblib or SLURM
 per job under its sweep folder. :class:`JobRecord`, a Hydra callback registered in ``conf/train.yaml`` and
 ``conf/evaluate.yaml``, writes ``job.json`` into each job's folder: its overrides, status (``running`` while
 it runs, then ``completed`` or ``failed``), the value the entry point returned (``train.py``: the best
-validation ``monitor``), the error of a failed job, start, end and duration. :func:`collect` gathers those
-records and the jobs' result tables (``test_results.json`` of train.py, ``results.json`` of evaluate.py)
+validation ``monitor``), the error of a failed job, start, end, duration and the job's torch threads.
+:class:`ThreadShare` tells the jobs of a local parallel launcher how many run at once (their share of the
+cores). :func:`collect` gathers those records and the jobs' result tables (``test_results.json`` of train.py, ``results.json`` of evaluate.py)
 into ``<sweep>/sweep.{md,csv,json}``, sorted by the optimised metric, failed jobs kept with their error.
 
 Standard library only (plus Hydra's callback base class): no torch, no Lightning at import.
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 import traceback
 from datetime import datetime, timezone
@@ -102,6 +104,8 @@ class JobRecord(_HydraCallback):
 
         record = {**self._base(config), "end": _now(),
                   "time_s": None if self._start is None else round(time.time() - self._start, 3)}
+        if "torch" in sys.modules:  # the threads the job ended with (cassi.threads: its share of the cores)
+            record["threads"] = sys.modules["torch"].get_num_threads()
         record["overrides"] = list(job_return.overrides or record["overrides"])
         if job_return.status == JobStatus.COMPLETED:
             value = job_return.return_value
@@ -116,6 +120,56 @@ class JobRecord(_HydraCallback):
                           traceback="".join(traceback.format_exception(error))[-8000:]
                           if isinstance(error, BaseException) else None)
         _write_json(self._path(config), record)
+
+
+class ThreadShare(_HydraCallback):
+    """Hydra callback: before a multirun starts its jobs, tells them how many of them run at once on this
+    machine (``CASSI_JOBS``, inherited by the job processes of the joblib and submitit-local launchers), so
+    that each job takes its share of the cores (``cassi.threads.default_threads``: cores // jobs) instead of
+    all of them. A value the user set is kept; launchers that run jobs one at a time (the basic one) or on other
+    machines (SLURM) set nothing."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        from cassi.threads import JOBS_ENV, cores
+
+        n = parallel_jobs(config, cores())
+        if n > 1 and JOBS_ENV not in os.environ:
+            os.environ[JOBS_ENV] = str(n)
+
+
+def parallel_jobs(config, cores: int) -> int:
+    """Jobs of a multirun that run at once on this machine: the jobs of a batch (the grid of the sweep
+    overrides, capped by the basic sweeper's ``max_batch_size``; an Optuna sweeper's ``n_jobs``), at most the
+    launcher's concurrency: joblib's ``n_jobs`` (negative: cores + 1 + n_jobs), all of them for submitit's
+    local launcher, 1 for any other (the basic launcher runs them in turn; SLURM elsewhere)."""
+    hydra = config.hydra
+    target = str(hydra.launcher.get("_target_", "")) if "launcher" in hydra else ""
+    sweeper = hydra.get("sweeper") or {}
+    if "n_jobs" in sweeper:  # Optuna: trials per batch
+        batch = int(sweeper.n_jobs)
+    else:
+        batch = _grid_size(list(hydra.overrides.task))
+        if sweeper.get("max_batch_size"):
+            batch = min(batch, int(sweeper.max_batch_size))
+    if target.endswith("JoblibLauncher"):
+        n_jobs = int(hydra.launcher.get("n_jobs") or 1)
+        concurrency = n_jobs if n_jobs > 0 else max(1, cores + 1 + n_jobs)
+    elif target.endswith("submitit_launcher.LocalLauncher"):
+        concurrency = batch
+    else:
+        concurrency = 1
+    return max(1, min(batch, concurrency))
+
+
+def _grid_size(overrides: list[str]) -> int:
+    """Jobs in the grid of Hydra command-line overrides (choice and range sweeps; 1 without any)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    n = 1
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_choice_sweep() or o.is_range_sweep():
+            n *= len(list(o.sweep_string_iterator()))
+    return n
 
 
 def _one_line(error: Any) -> str:

@@ -201,6 +201,7 @@ class TrainingModule(ReconstructionModule):
 
     # ------------------------------------------------------------------ steps
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        cassi.threads.adapt()
         x = batch["x"]
         if self.geometry is None:  # the dispersion it is trained for (a window batch has no mask: any one fits)
             op = self.operator(mask=batch["mask"] if "mask" in batch else torch.ones(1, 1, 1, 1, device=x.device))

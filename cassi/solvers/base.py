@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from cassi import threads
 from cassi._checks import check_number
 from cassi.registry import register
 
@@ -94,6 +95,7 @@ class Solver:
                  callback: Callable | None = None) -> Result:
         """Reconstruct x (B, C, H, W) from y (B, 1, H, W+Δ); x0 defaults to op.pinv(y)."""
         check_inputs(op, y, x0, gt)
+        threads.adapt()
         with torch.no_grad():
             x = op.pinv(y) if x0 is None else x0.detach().clone()
             state = self._init(op, y, x)
@@ -109,6 +111,7 @@ class Solver:
             record(x, op(x))
             k = 0
             while k < self.iters:
+                threads.adapt()  # fewer threads while other processes keep cores busy
                 x, ax = self._step(op, y, state, k)
                 k += 1
                 record(x, ax)
