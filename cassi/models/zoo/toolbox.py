@@ -120,28 +120,45 @@ class Method:
     rename: Callable[[str], str] | None = None
     step: int = 2
     bands: int = 28
+    source: str = "mst"  # where its weights come from: scripts/convert_checkpoint.py's source=
 
 
 METHODS: dict[str, Method] = {}
 
 
-def register_method(name: str, target: str, rename: Callable[[str], str] | None = None, **kwargs) -> None:
+def register_method(name: str, target: str, rename: Callable[[str], str] | None = None, source: str = "mst",
+                    **kwargs) -> None:
     """Record the toolbox method ``name`` (e.g. "mst_s"): built as ``target(**kwargs)`` (a registered class
-    name); ``rename`` maps each toolbox state-dict key to the class's (default: identity)."""
+    name); ``rename`` maps each toolbox state-dict key to the class's (default: identity); ``source``: where its
+    published weights come from ("mst": the MST toolbox; "dpu": the DPU authors' repository)."""
     if name in METHODS:
         raise ValueError(f"toolbox method {name!r} is already registered")
-    METHODS[name] = Method(name, target, dict(kwargs), rename)
+    METHODS[name] = Method(name, target, dict(kwargs), rename, source=source)
+
+
+def _numpy_scalars() -> list:
+    """The numpy globals that a pickled numpy scalar needs (the DPU authors' checkpoints store their PSNR as a
+    numpy float64 beside the weights), allowed to ``weights_only`` loading; none without numpy."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        return []
+    scalar = (getattr(np, "_core", None) or np.core).multiarray.scalar
+    return [(scalar, "numpy.core.multiarray.scalar"), (scalar, "numpy._core.multiarray.scalar"), np.dtype,
+            *(type(np.dtype(t)) for t in ("float64", "float32", "int64"))]
 
 
 def toolbox_state(weights) -> dict[str, torch.Tensor]:
     """The plain state dict of a toolbox checkpoint (a path or a dict): tensors only, ``module.`` prefixes of
-    DataParallel removed; a dict under "state_dict"/"model" is unwrapped. Loaded with weights_only=True."""
+    DataParallel removed; a dict under "state_dict"/"model" is unwrapped. Loaded with weights_only=True (numpy
+    scalars allowed: :func:`_numpy_scalars`)."""
     if not isinstance(weights, dict):
         path = Path(weights)
         if not path.is_file():
             raise FileNotFoundError(f"weights file {path} does not exist")
         try:
-            weights = torch.load(path, map_location="cpu", weights_only=True)
+            with torch.serialization.safe_globals(_numpy_scalars()):
+                weights = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - a foreign or truncated file
             raise ValueError(f"{path} is not a torch state dict ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
@@ -186,9 +203,10 @@ def load_toolbox_weights(model: nn.Module, method: str, weights, where: str = "w
 
 
 def convert(method: str, weights, out, wavelengths=None) -> Path:
-    """Write a cassi checkpoint (atomically) of toolbox method ``method`` from its ``.pth`` ``weights``: the
-    model's config, the toolbox's geometry (integer step 2 along w, 28 bands unless the method says otherwise),
-    the source (method, file, sha256). It loads with ``cassi.models.load_model`` and ``ckpt=`` everywhere."""
+    """Write a cassi checkpoint (atomically) of toolbox method ``method`` from its ``.pth`` (or ``.pkl``)
+    ``weights``: the model's config, the toolbox's geometry (integer step 2 along w, 28 bands unless the method
+    says otherwise), the source (where from, method, file, sha256). It loads with ``cassi.models.load_model``
+    and ``ckpt=`` everywhere."""
     from cassi.io import write_text_atomic
 
     model = build(method)
@@ -198,7 +216,7 @@ def convert(method: str, weights, out, wavelengths=None) -> Path:
     info = {"model": dict(model.config),
             "geometry": {"offsets": [float(c * m.step) for c in range(m.bands)], "axis": "w", "bands": m.bands},
             "wavelengths": None if wavelengths is None else [float(w) for w in wavelengths],
-            "converted": {"source": "mst", "method": method, "file": str(weights), "sha256": digest}}
+            "converted": {"source": m.source, "method": method, "file": str(weights), "sha256": digest}}
     state = {f"reconstructor.{k}": v for k, v in model.state_dict().items()}
     buf = io.BytesIO()
     torch.save({"cassi": info, "state_dict": state}, buf)
