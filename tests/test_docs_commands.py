@@ -12,6 +12,9 @@ and `make` targets, whose recipes are read from the Makefile) is covered in smok
 A command that names a script, a program or a placeholder that the tables below do not know fails
 `test_every_documented_command_is_covered`: add the script to SCRIPTS (or, with the reason, to NOT_RUN), the
 program to OTHER_PROGRAMS, the placeholder to PLACEHOLDERS. Nothing is written outside pytest's tmp_path.
+
+README.md's Python example (the ```python block under "## The operator") is read from the README at test time, run
+(on 64² frames instead of its 256², for time; every call as written) and checked against what its comments say.
 """
 from __future__ import annotations
 
@@ -454,3 +457,49 @@ def test_optuna_search_on_tiny_cpu_then_collect(tmp_path, shared_data, monkeypat
     assert __import__("collect").main(collect.overrides(tmp_path)) == 0
     table = json.loads((tmp_path / "multirun" / "optuna" / "sweep.json").read_text())
     assert [row["status"] for row in table["rows"]] == ["completed"] and table["best"]["job"] == "0"
+
+
+# ------------------------------------------------------------------------------------------------ Python
+
+
+def readme_python(section: str = "## The operator") -> tuple[int, str]:
+    """(first line, code) of the ```python block under ``section`` of README.md, read at test time so that the
+    test runs what the README says."""
+    text = (ROOT / "README.md").read_text()
+    start = text.find(f"\n{section}\n")
+    assert start >= 0, f"README.md has no section {section!r}: update this test"
+    end = text.find("\n## ", start + 1)
+    end = len(text) if end < 0 else end
+    block = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M).search(text, start, end)
+    assert block, f"README.md's {section!r} has no ```python block: update this test"
+    return text.count("\n", 0, block.start(1)) + 1, block[1]
+
+
+def test_the_readmes_operator_example_runs_and_does_what_its_comments_say():
+    """README.md's ```python block under "## The operator", its calls as written; then what its comments state:
+    the shapes (Δ as it says), pinv 0 where Φ = 0, the data step's closed form (the gradient of ½‖Ax−y‖² +
+    ρ/2‖x−x0‖² vanishes at it), GAP-TV's result with a PSNR per iteration (row 0: the initial guess)."""
+    import torch
+
+    line, code = readme_python()
+    # as written (256² frames, a batch of 4) the block takes about 6 s on a 2-core CPU, mostly backend="auto" timing
+    # its candidates on the first (4, 28, 256, 256) call: run at 64², the sizes alone changed (Δ and every call as
+    # written); when the README's frames change, change the size replaced here
+    code, n = re.subn(r"\b256\b", "64", code)
+    assert n == 4, f"README.md's example no longer has its 256² frames (4 sizes): update this test\n{code}"
+    ns: dict = {}
+    exec(compile(code, f"README.md (line {line})", "exec"), ns)
+    op, x, y, xt, x0, x1, result = (ns[k] for k in ("op", "x", "y", "xt", "x0", "x1", "result"))
+    b, c, h, w = x.shape
+    delta = re.search(r"Δ = (\d+) here", code)
+    assert delta and op.delta == int(delta[1]), (op.delta, code)
+    assert y.shape == (b, 1, h, w + op.delta) and xt.shape == x0.shape == x1.shape == x.shape
+    assert torch.isfinite(y).all() and torch.isfinite(xt).all()
+    phi = op.phi.expand_as(y)  # Aᵀ(y ⊘ Φ), 0 where Φ = 0
+    torch.testing.assert_close(x0, op.adjoint(torch.where(phi > 0, y / phi, torch.zeros_like(y))))
+    rho = float(re.search(r"rho=([0-9.]+)", code)[1])
+    grad = op.adjoint(op(x1) - y) + rho * (x1 - x0)
+    assert grad.abs().max() < 1e-4 * y.abs().max(), grad.abs().max()
+    iters = int(re.search(r"GAPTV\(iters=(\d+)\)", code)[1])
+    assert result.x.shape == (1, c, h, w) and result.iterations == iters
+    assert result.history["psnr"].shape == (iters + 1, 1) and torch.isfinite(result.history["psnr"]).all()

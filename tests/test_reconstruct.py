@@ -1,5 +1,6 @@
-"""scripts/reconstruct.py end to end, run as a user runs it (a subprocess, everything under tmp_path):
-outputs that open again, the report page, resuming, exit status, real measurements and bad files."""
+"""scripts/reconstruct.py end to end, run as a user runs it (a subprocess, or in this process as ``__main__``;
+everything under tmp_path): outputs that open again, the report page, resuming, exit status, real measurements
+and bad files."""
 import html.parser
 import json
 import os
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import h5py
 import pytest
+import torch
 from PIL import Image
 
 from cassi.io import TSA_WAVELENGTHS, load_cube, load_mask, load_measurement, save_mask, save_measurement
@@ -28,6 +30,39 @@ def reconstruct(tmp_path: Path, out: Path, *overrides, address_space: int | None
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "reconstruct.py"), f"output_dir={out}", *overrides],
                           cwd=tmp_path, env=dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200"),
                           capture_output=True, text=True, timeout=600, preexec_fn=limit)
+
+
+def reconstruct_here(monkeypatch, out: Path, *overrides) -> int:
+    """Runs the script in this process as `python scripts/reconstruct.py output_dir=<out> ...` runs it (as
+    ``__main__``, its arguments in sys.argv) and returns its exit status: a subprocess would pay the imports and
+    Hydra's start-up, several seconds, for each run. Hydra re-raises a failure instead of exiting with 1 under a
+    debugger or a tracer (coverage) and with HYDRA_FULL_ERROR set: neither here. Logging is left as pytest has it;
+    the environment variables, Hydra's config, torch's thread count and the random state that the run sets are
+    restored."""
+    import runpy
+
+    import hydra._internal.utils as hydra_utils
+    from hydra.core.hydra_config import HydraConfig
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", HydraConfig.instance().cfg)  # the run sets it: put back after
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal's width
+    monkeypatch.setattr(hydra_utils, "is_under_debugger", lambda: False)
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # set by seed_everything: unset again afterwards
+        monkeypatch.setenv(name, "0")
+    script = ROOT / "scripts" / "reconstruct.py"
+    monkeypatch.setattr(sys, "argv", [str(script), f"output_dir={out}", "hydra/job_logging=none",
+                                      "hydra/hydra_logging=none", *overrides])
+    monkeypatch.chdir(out.parent)
+    threads = torch.get_num_threads()  # a script may set its own count
+    with torch.random.fork_rng(devices=[]):
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as e:
+            return 0 if e.code is None else e.code if isinstance(e.code, int) else 1  # as the interpreter exits
+        finally:
+            torch.set_num_threads(threads)
+    return 0
 
 
 class Links(html.parser.HTMLParser):
@@ -128,3 +163,32 @@ def test_real_measurement_and_bad_files_in_one_folder(tmp_path, shared_data):
     assert {rows[n]["status"] for n in ("broken", "huge", "too_wide", "with_nan")} == {"failed"}
     assert "Tiled(" in (out / "summary.md").read_text().splitlines()[0]
     assert "cannot read MATLAB file" in (out / "index.html").read_text()
+
+
+def test_exit_status_tells_failed_inputs_from_a_failed_run(tmp_path, monkeypatch, capsys):
+    """The README's exit status, on files made here: 3 when some inputs failed (the others are written, one
+    `FAILED <name>: <reason>` line each), 1 when the run itself failed (the same inputs, a mask file that does not
+    exist: nothing reconstructed). (0: test_synthetic_default_outputs_reopen_and_a_second_run_resumes)"""
+    mask = (torch.rand(16, 16, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    save_mask(tmp_path / "mask.npy", mask)
+    inputs = tmp_path / "in"
+    save_measurement(inputs / "good.npy", torch.rand(1, 16, 16 + 54, generator=torch.Generator().manual_seed(1)))
+    (inputs / "broken.npy").write_bytes(b"\x93NUMPY truncated")
+
+    def run(out: str, entries: Path, mask: Path) -> tuple[int, str, str]:
+        status = reconstruct_here(monkeypatch, tmp_path / out, "data=measurements", f"data.predict.entries={entries}",
+                                  f"data.predict.mask={mask}", *FAST, "solver=pinv", "preview=false")
+        said = capsys.readouterr()
+        return status, said.out, said.err
+
+    status, out, err = run("some", inputs, tmp_path / "mask.npy")
+    assert status == 3, out[-3000:] + err[-3000:]
+    assert out.count("FAILED ") == 1
+    assert out.strip().splitlines()[-1].startswith(f"FAILED broken: {inputs / 'broken.npy'}: ")
+    rows = summary(tmp_path / "some")
+    assert {n: r["status"] for n, r in rows.items()} == {"good": "reconstructed", "broken": "failed"}
+    assert (tmp_path / "some" / "reconstructions" / "good.tif").is_file()
+
+    status, out, err = run("none", inputs, tmp_path / "none.npy")
+    assert status == 1 and "none.npy" in err and "FAILED" not in out, out[-3000:] + err[-3000:]
+    assert not (tmp_path / "none" / "reconstructions").exists()

@@ -29,6 +29,20 @@ def test_equals_the_toolbox(method):
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_a_wrong_mapping_fails_the_equality_check(method):
+    """Negative control of test_equals_the_toolbox: the seeded weights with two convolutions of one shape exchanged
+    in every stage's U-Net (the toolbox's dconv_down1 and dconv_up1 second 3×3 convolutions, both width → width)
+    leave its tolerance."""
+    ref = zc.load_reference(method)
+    model = toolbox.build(method)
+    state = toolbox.seeded_state(model, ref["weight_seed"])
+    pairs = [(k, k.replace(".enc.0.2.", ".dec.0.2.")) for k in state if ".enc.0.2." in k]
+    assert len(pairs) == 2 * 9  # weight and bias, 9 stages
+    model.load_state_dict(zc.swapped(state, pairs))
+    zc.assert_fails_the_check(zc.cassi_output(method, ref, model), ref)
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_toolbox_weights_convert(method, tmp_path):
     ref = zc.load_reference(method)
     pth = zc.toolbox_checkpoint(method, ref, tmp_path / "x.pth")

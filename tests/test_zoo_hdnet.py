@@ -26,6 +26,19 @@ def test_equals_the_toolbox():
     zc.assert_matches(zc.cassi_output("hdnet", ref), ref)
 
 
+def test_a_wrong_mapping_fails_the_equality_check():
+    """Negative control of test_equals_the_toolbox: the seeded weights with each residual block's two 3×3
+    convolutions exchanged (the toolbox's body.<i>.body.0 and body.2 mapped the wrong way round) leave its
+    tolerance."""
+    ref = zc.load_reference("hdnet")
+    model = toolbox.build("hdnet")
+    state = toolbox.seeded_state(model, ref["weight_seed"])
+    pairs = [(k, k.replace(".conv1.", ".conv2.")) for k in state if ".conv1." in k]
+    assert len(pairs) == 2 * (16 + 15)  # weight and bias of every residual block
+    model.load_state_dict(zc.swapped(state, pairs))
+    zc.assert_fails_the_check(zc.cassi_output("hdnet", ref, model), ref)
+
+
 def test_toolbox_weights_convert(tmp_path):
     ref = zc.load_reference("hdnet")
     pth = zc.toolbox_checkpoint("hdnet", ref, tmp_path / "x.pth")

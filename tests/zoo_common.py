@@ -76,6 +76,25 @@ def assert_matches(out: torch.Tensor, ref: dict, tol: float = 1e-4) -> None:
     assert err <= bound, f"per-band mean error {err:.3g} > {bound:.3g}"
 
 
+def swapped(state: dict, pairs) -> dict:
+    """``state`` with the tensors of each key pair (a, b) exchanged: a key mapping that confuses the two (a
+    negative control's wrong weights). The two must have one shape and differ."""
+    out = dict(state)
+    for a, b in pairs:
+        assert state[a].shape == state[b].shape and not torch.equal(state[a], state[b]), (a, b)
+        out[a], out[b] = state[b], state[a]
+    return out
+
+
+def assert_fails_the_check(out: torch.Tensor, ref: dict) -> None:
+    """Negative control: :func:`assert_matches`, the equality tests' check, rejects ``out`` on its values (not on
+    its shape): the check can tell these weights from the right ones."""
+    import pytest
+
+    with pytest.raises(AssertionError, match="max error|per-band mean error"):
+        assert_matches(out, ref)
+
+
 def toolbox_checkpoint(method: str, ref: dict, path: Path, prefix: str = "module.") -> Path:
     """A toolbox-format .pth (its key names, ``prefix`` as DataParallel writes) holding the seeded weights."""
     model = toolbox.build(method)
