@@ -19,10 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(cfg: DictConfig) -> None:
     out = Path(cfg.output_dir)
     spec = {k: cfg[k] for k in ("size", "bands", "iters", "repeats", "mask", "ckpt")}
-    rows = bench_shared.contention(spec, tuple(cfg.busy), tuple(cfg.settings), cfg.rounds)
-    md = bench_shared.contention_markdown(rows, cfg.ckpt and Path(cfg.ckpt).name) + "\n" + bench_shared.NOTE
-    bench_shared.save(out, "contention", {"spec": spec, "rows": rows}, md + "\n")
-    print(md)
+    if cfg.rounds:  # rounds=0: the sweep alone
+        rows = bench_shared.contention(spec, tuple(cfg.busy), tuple(cfg.settings), cfg.rounds)
+        md = bench_shared.contention_markdown(rows, cfg.ckpt and Path(cfg.ckpt).name) + "\n" + bench_shared.NOTE
+        bench_shared.save(out, "contention", {"spec": spec, "rows": rows}, md + "\n")
+        print(md)
     if cfg.sweep:
         launchers = OmegaConf.to_container(cfg.sweep.launchers, resolve=True)
         command = [sys.executable, *cfg.sweep.command]
@@ -30,7 +31,7 @@ def main(cfg: DictConfig) -> None:
         smd = bench_shared.sweep_markdown(sweep_rows, cfg.sweep.jobs, " ".join(cfg.sweep.command))
         bench_shared.save(out, "sweep", sweep_rows, smd)
         print(smd)
-    print(f"wrote {out}/contention.md" + (f" and {out}/sweep.md" if cfg.sweep else ""))
+    print(f"wrote {', '.join(str(out / n) for n, on in (('contention.md', cfg.rounds), ('sweep.md', cfg.sweep)) if on)}")
 
 
 if __name__ == "__main__":

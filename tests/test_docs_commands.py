@@ -52,6 +52,7 @@ SCRIPTS = {
     "benchmark_solvers.py": "compose",
     "benchmark_models.py": "compose",
     "benchmark_zoo.py": "compose",
+    "benchmark_shared.py": "compose",
     "fit_camera.py": "compose",
     "collect.py": "keys",
 }
