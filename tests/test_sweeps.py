@@ -36,6 +36,7 @@ def plugin(name: str):
 
 def run(script, *args, cwd: Path, ok: bool = True, timeout: int = 600):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env.pop("CASSI_JOBS", None)  # a sweep's jobs learn their share from the sweep (not from pytest's workers)
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=cwd, env=env,
                        capture_output=True, text=True, timeout=timeout)
     if ok:
@@ -251,6 +252,10 @@ def test_launcher_runs_a_two_job_sweep(tmp_path, launcher):
     recs = records(out)
     assert sorted(recs) == ["0", "1"] and all(r["status"] == "completed" for r in recs.values())
     assert all((out / j / "test_results.json").is_file() for j in recs)
+    # the two jobs run at once and share the cores (cassi.lightning.sweeps.ThreadShare): half of them at most each
+    assert [r["jobs_sharing_cores"] for r in recs.values()] == ["2", "2"], recs
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert all(1 <= r["threads"] <= share for r in recs.values()), recs
     if launcher == "submitit_local":
         assert (out / ".submitit").is_dir()  # submitit's own logs, per job
     assert len(collected(out)["rows"]) == 2

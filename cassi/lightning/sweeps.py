@@ -106,6 +106,7 @@ class JobRecord(_HydraCallback):
                   "time_s": None if self._start is None else round(time.time() - self._start, 3)}
         if "torch" in sys.modules:  # the threads the job ended with (cassi.threads: its share of the cores)
             record["threads"] = sys.modules["torch"].get_num_threads()
+        record["jobs_sharing_cores"] = os.environ.get("CASSI_JOBS", "1")  # ThreadShare's count
         record["overrides"] = list(job_return.overrides or record["overrides"])
         if job_return.status == JobStatus.COMPLETED:
             value = job_return.return_value
