@@ -29,6 +29,7 @@ from cassi.io import write_text_atomic
 from cassi.lightning.callbacks import ResultsTable
 from cassi.lightning.module import ReconstructionModule
 from cassi.models import export_weights, load_model, resolve_checkpoint
+from cassi.models.checkpoint import PRETRAINED_DIR
 from cassi.models.camera import other_masks_expected
 from cassi.models.card import card_markdown, masks_section, reference_input, reference_output
 
@@ -152,7 +153,9 @@ def main(cfg: DictConfig) -> None:
     notes = cfg.notes or ""
     if "\n" not in notes and Path(notes).suffix == ".md" and Path(notes).is_file():  # notes from a file
         notes = Path(notes).read_text()
-    text = card_markdown(cfg.name, model, trained, results, notes=notes, half=bool(half))
+    shipped_here = cfg.ship and out.resolve() == PRETRAINED_DIR  # else the card names the file it describes
+    load = None if shipped_here else str(out / f"{cfg.name}.ckpt") if cfg.ship else str(cfg.ckpt)
+    text = card_markdown(cfg.name, model, trained, results, notes=notes, half=bool(half), load=load)
     path = out / f"{cfg.name}.md" if cfg.ship else Path(cfg.paths.output_dir) / f"{cfg.name}.md"
     write_text_atomic(path, text)
     print(text)

@@ -67,6 +67,8 @@ def test_model_card_job_ships_a_model_that_loads_by_name(tmp_path, caplog):
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     card = (tmp_path / "shipped" / "tiny.md").read_text()
+    # shipped outside cassi/pretrained: the card names the file that loads it, not pretrained/tiny
+    assert f"load_model('{tmp_path / 'shipped' / 'tiny.ckpt'}')" in card and "pretrained/tiny" not in card
     assert "## Recipe\n\nThe notes of the tiny model." in card  # notes from a file
     assert card.count("| **mean** |") == 2 and card.count("A⁺y PSNR") == 2 and "tiny PSNR" in card
     assert "| training | 2 optimizer steps, " in card and ": all of it (one piece, from scratch) |" in card

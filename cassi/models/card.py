@@ -159,11 +159,13 @@ def masks_section(card: str, measured: list[dict]) -> str:
 
 
 def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, notes: str = "",
-                  half: bool = False) -> str:
+                  half: bool = False, load: str | None = None) -> str:
     """The model card: ``results`` {"validation"|"test": {method: per-scene rows (name, psnr, ssim, sam,
     time)}}, ``checkpoint`` the training checkpoint (steps, CPU time of the ElapsedTime callback) or a
     weights-only one (its "cassi" entry's "step" and "elapsed"); its training line states the total training
-    the weights hold over their ``init_weights=`` chain (:func:`training_record`) and the last piece's."""
+    the weights hold over their ``init_weights=`` chain (:func:`training_record`) and the last piece's. ``load``:
+    what loads it (default ``pretrained/<name>``, a shipped model; else its checkpoint's path)."""
+    load = load or f"pretrained/{name}"
     n = sum(p.numel() for p in model.parameters())
     geo = model.geometry or {}
     offs = geo.get("offsets") or []
@@ -173,7 +175,7 @@ def card_markdown(name: str, model: nn.Module, checkpoint: dict, results: dict, 
     lines = [
         f"# `{name}` — {type(model).__name__}, {n / 1e6:.2f} M parameters",
         "",
-        f"Load: `cassi.models.load_model('pretrained/{name}')`, or `ckpt=pretrained/{name}` in "
+        f"Load: `cassi.models.load_model('{load}')`, or `ckpt={load}` in "
         f"`scripts/reconstruct.py` / `scripts/evaluate.py`.",
         "",
         "| | |",
