@@ -12,3 +12,10 @@ def check_number(name: str, value, positive: bool = True, below: float | None = 
         want = f"{'> 0' if positive else '>= 0'}" + ("" if below is None else f" and < {below}")
         raise ValueError(f"{name} must be a finite number {want}, got {value!r}")
     return float(value)
+
+
+def check_positive_int(name: str, value) -> int:
+    """``value`` as an int >= 1 (not a bool), else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value

@@ -157,18 +157,22 @@ def _runnable(root: Path) -> int | None:
         lines = (root / "proc/stat").read_text().splitlines()
     except OSError:
         return None
-    running = next((int(line.split()[1]) for line in lines if line.startswith("procs_running ")), None)
-    return running
+    return next((int(line.split()[1]) for line in lines if line.startswith("procs_running ")), None)
+
+
+def _stat(path: Path) -> list[bytes] | None:
+    """The fields of a /proc task ``stat`` file after the command name (state first, nice at index 16); None
+    when the task has gone or the file does not parse."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _own_running(root: Path) -> int:
     """Threads of this process that are running or runnable now (state R in /proc/self/task/*/stat)."""
-    n = 0
-    for stat in (root / "proc/self/task").glob("*/stat"):
-        try:
-            n += stat.read_text().rsplit(")", 1)[1].split()[0] == "R"
-        except (OSError, IndexError):
-            pass
+    n = sum((f := _stat(p)) is not None and f[:1] == [b"R"] for p in (root / "proc/self/task").glob("*/stat"))
     return max(1, n)  # at least the thread asking
 
 
@@ -185,13 +189,9 @@ def _weighed_others(proc: Path) -> float:
             except OSError:
                 continue
             for t in tasks:
-                try:
-                    with open(proc / e.name / "task" / t.name / "stat", "rb") as fh:
-                        fields = fh.read().rsplit(b")", 1)[1].split()
-                    if fields[0] == b"R":
-                        total += min(1.0, 1.25 ** -int(fields[16]))
-                except (OSError, IndexError, ValueError):
-                    pass
+                f = _stat(proc / e.name / "task" / t.name / "stat")
+                if f is not None and f[:1] == [b"R"] and len(f) > 16 and f[16].lstrip(b"-").isdigit():
+                    total += min(1.0, 1.25 ** -int(f[16]))
     return total
 
 
@@ -244,12 +244,11 @@ def adapt() -> int:
 def cap() -> None:
     """At ``import cassi``: remember torch's default thread count, and lower it to :func:`default_threads`
     unless the user set ``OMP_NUM_THREADS``."""
-    global _torch_default
+    global _torch_default, _auto, _set
     import torch
 
     if _torch_default is None:
         _torch_default = torch.get_num_threads()
-    global _auto, _set
     if "OMP_NUM_THREADS" in os.environ:
         _auto = False
     elif torch.get_num_threads() > default_threads():
@@ -263,4 +262,4 @@ def report() -> str:
 
     how = "auto, following the load" if _auto else "fixed"
     seen = "" if _others is None else f", other runnable tasks {_others:.1f}"
-    return (f"threads {torch.get_num_threads()} ({how}; cores {cores()}, jobs sharing them {jobs()}{seen})")
+    return f"threads {torch.get_num_threads()} ({how}; cores {cores()}, jobs sharing them {jobs()}{seen})"

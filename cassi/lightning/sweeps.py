@@ -6,8 +6,8 @@ per job under its sweep folder. :class:`JobRecord`, a Hydra callback registered 
 it runs, then ``completed`` or ``failed``), the value the entry point returned (``train.py``: the best
 validation ``monitor``), the error of a failed job, start, end, duration and the job's torch threads.
 :class:`ThreadShare` tells the jobs of a local parallel launcher how many run at once (their share of the
-cores). :func:`collect` gathers those records and the jobs' result tables (``test_results.json`` of train.py, ``results.json`` of evaluate.py)
-into ``<sweep>/sweep.{md,csv,json}``, sorted by the optimised metric, failed jobs kept with their error.
+cores). :func:`collect` gathers those records and the jobs' result tables (``test_results.json`` of train.py,
+``results.json`` of evaluate.py) into ``<sweep>/sweep.{md,csv,json}``, sorted by the optimised metric, failed jobs kept with their error.
 
 Standard library only (plus Hydra's callback base class): no torch, no Lightning at import.
 """

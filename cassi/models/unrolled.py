@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cassi._checks import check_positive_int
 from cassi.models.blocks import ResStack, UNet
 from cassi.models.camera import check_camera
 from cassi.registry import register
@@ -117,8 +118,7 @@ class Unrolled(Reconstructor):
                  normalize: bool = False):
         super().__init__()
         for name, v in (("bands", bands), ("stages", stages)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            check_positive_int(name, v)
         self.bands, self.stages, self.share, self.checkpointing = bands, stages, share, checkpointing
         self.normalize = normalize
 

@@ -95,7 +95,6 @@ class Solver:
                  callback: Callable | None = None) -> Result:
         """Reconstruct x (B, C, H, W) from y (B, 1, H, W+Δ); x0 defaults to op.pinv(y)."""
         check_inputs(op, y, x0, gt)
-        threads.adapt()
         with torch.no_grad():
             x = op.pinv(y) if x0 is None else x0.detach().clone()
             state = self._init(op, y, x)

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cassi._checks import check_positive_int
 from cassi.models.unrolled import _config
 from cassi.models.zoo.toolbox import (ToolboxModel, dispersed_last, integer_offsets, register_method, roll_bands,
                                       shift_back, shifted_mask, undo)
@@ -426,12 +427,6 @@ class StageEstimator(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------- models
-def _positive(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    return v
-
-
 @register
 class DAUHST(ToolboxModel):
     """DAUHST (the MST toolbox's ``dauhst_{K}stg``, simulation): K stages of a data step with an estimated
@@ -452,7 +447,7 @@ class DAUHST(ToolboxModel):
                  window: int = 8, frame: Sequence[int] = (256, 320), resize: str = "grid",
                  checkpointing: bool = False):
         super().__init__()
-        self.bands, self.stages = _positive("bands", bands), _positive("stages", stages)
+        self.bands, self.stages = check_positive_int("bands", bands), check_positive_int("stages", stages)
         self.checkpointing = bool(checkpointing)
         self.config = _config(self, dict(locals()))
         self.estimator = StageEstimator(bands, stages)
@@ -520,7 +515,7 @@ class DAUHSTReal(ToolboxModel):
                  window: int = 8, frame: Sequence[int] = (384, 384), resize: str = "flat",
                  checkpointing: bool = False):
         super().__init__()
-        self.bands, self.stages = _positive("bands", bands), _positive("stages", stages)
+        self.bands, self.stages = check_positive_int("bands", bands), check_positive_int("stages", stages)
         self.checkpointing = bool(checkpointing)
         self.config = _config(self, dict(locals()))
         self.unused_estimator = StageEstimator(bands, stages).requires_grad_(False)  # no gradient: DDP ignores it

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cassi._checks import check_positive_int
 from cassi.models.unrolled import _config
 from cassi.models.zoo.dauhst import _reflect_pad
 from cassi.models.zoo.toolbox import (ToolboxModel, dispersed_last, integer_offsets, mask3d, phi_s, register_method,
@@ -298,12 +299,6 @@ class _Stage(nn.Module):
         self.fusion = _Fusion(bands)
 
 
-def _positive(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    return v
-
-
 @register
 class DPU(ToolboxModel):
     """DPU (the authors' ``Net``; methods ``dpu_5stg``, ``dpu_9stg``): K stages of step estimation, image prior,
@@ -320,9 +315,9 @@ class DPU(ToolboxModel):
     def __init__(self, bands: int = 28, stages: int = 9, dim: int = 28, window: int = 8,
                  checkpointing: bool = False):
         super().__init__()
-        self.bands, self.stages = _positive("bands", bands), _positive("stages", stages)
-        _positive("dim", dim)
-        _positive("window", window)
+        self.bands, self.stages = check_positive_int("bands", bands), check_positive_int("stages", stages)
+        check_positive_int("dim", dim)
+        check_positive_int("window", window)
         self.checkpointing = bool(checkpointing)
         self.config = _config(self, dict(locals()))
         self.fuse = nn.Conv2d(2 * bands, bands, 1)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cassi._checks import check_positive_int
 from cassi.models.unrolled import _config
 from cassi.models.zoo.toolbox import ToolboxModel, dispersed_last, integer_offsets, register_method, undo
 from cassi.registry import register
@@ -81,8 +82,7 @@ class _Dispersed(ToolboxModel):
     def __init__(self, bands: int, stages: int, width: int, checkpointing: bool):
         super().__init__()
         for name, v in (("bands", bands), ("stages", stages), ("width", width)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            check_positive_int(name, v)
         self.bands, self.stages, self.checkpointing = bands, stages, bool(checkpointing)
         self.unets = nn.ModuleList(StageUNet(bands, width) for _ in range(stages))
 

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cassi.models.losses import ReconstructionLoss
+from cassi._checks import check_positive_int
 from cassi.models.unrolled import _config
 from cassi.models.zoo.toolbox import ToolboxModel, register_method, shift_back
 from cassi.registry import register
@@ -133,8 +134,7 @@ class HDNet(ToolboxModel):
         super().__init__()
         self.config = _config(self, dict(locals()))
         for name, v in (("bands", bands), ("feats", feats)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            check_positive_int(name, v)
         blocks = tuple(int(b) for b in blocks)
         if len(blocks) != 2 or min(blocks) < 0:
             raise ValueError(f"blocks must be two counts >= 0 (before and after the attention), got {blocks!r}")

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cassi._checks import check_positive_int
 from cassi.models.unrolled import _config
 from cassi.models.zoo.toolbox import (ToolboxModel, dispersed_last, integer_offsets, register_method, shift_back,
                                       undo)
@@ -364,8 +365,7 @@ class _UNet(nn.Module):
 # ---------------------------------------------------------------------------------------------- helpers
 def _check_positive(**values) -> None:
     for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        check_positive_int(name, v)
 
 
 def _frame_limits(op, multiple: int, name: str) -> None:
