@@ -4,7 +4,7 @@ Importing this package pulls in torch only (no Lightning, no Hydra), and caps to
 share of the cores (``cassi.threads``).
 """
 from cassi import threads as _threads
-from cassi.operator import CASSI
+from cassi.physics.operator import CASSI
 from cassi.registry import register
 
 _threads.cap()

@@ -1,4 +1,4 @@
-"""Argument checks shared by the library: clear ValueErrors naming the argument."""
+"""Argument checks shared by the library: clear errors naming the argument (standard library only)."""
 from __future__ import annotations
 
 import math
@@ -19,3 +19,22 @@ def check_positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def check_int(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``: TypeError for a non-int (or a bool), ValueError below it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def size_pair(size) -> tuple[int, int]:
+    """An int s (for s x s) or a pair (h, w) of ints >= 1, as (h, w)."""
+    pair = (size, size) if isinstance(size, int) and not isinstance(size, bool) else size
+    try:
+        h, w = pair
+        return check_int("size[0]", h), check_int("size[1]", w)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"size must be an int or a pair (h, w) of ints >= 1, got {size!r}") from None

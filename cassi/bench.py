@@ -32,8 +32,8 @@ from functools import lru_cache
 import torch
 
 from cassi import CASSI
-from cassi.backends import UnsupportedGeometry
-from cassi.backends.base import empty
+from cassi.physics.backends import UnsupportedGeometry
+from cassi.physics.backends.base import empty
 
 MAPS = ("A", "At", "A+At", "step")
 RHO = 0.1  # ρ of the benchmarked data step
@@ -171,7 +171,7 @@ def _stream_pass():
     dst, so the pass can beat torch's ops on buffers larger than the cache, and the numba backend writes large
     x this way: a floor must be the fastest way to move the bytes. ``run(dst, src, n)`` returns the sum of
     src[n:] (what it read beyond the copy)."""
-    from cassi.backends import numba as nb
+    from cassi.physics.backends import numba as nb
 
     if not nb.available() or nb._FORKED:  # a forked child cannot run numba's OpenMP kernels
         return None
@@ -179,7 +179,7 @@ def _stream_pass():
     import numpy as np
 
     nb._kernels()  # numba's threading layer, as the kernels use it
-    from cassi.backends._numba_kernels import _fence, _stream
+    from cassi.physics.backends._numba_kernels import _fence, _stream
 
     @numba.njit(parallel=True, fastmath=True, cache=False)
     def run_pass(dst, src, n, row, sums, lanes):

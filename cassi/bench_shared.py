@@ -50,8 +50,8 @@ def worker(spec: dict) -> dict:
     import torch
 
     from cassi import CASSI, threads
-    from cassi.data.masks import bernoulli_mask
     from cassi.data.synthetic import synthetic_cube
+    from cassi.physics.masks import bernoulli_mask
     from cassi.solvers import GAPTV
 
     n = threads.cores() if spec["threads"] == "cores" else spec["threads"]

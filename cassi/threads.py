@@ -16,7 +16,7 @@ a spinning thread takes a core someone needs, and every region waits for a desch
   slower on idle cores, the fastest beside busy processes (docs/performance.md).
 
 :func:`configure` applies a setting (``"auto"`` or a count) to torch; numba's kernels follow torch's count
-(``cassi.backends.numba``). ``import cassi`` caps torch's threads at :func:`default_threads` unless the user
+(``cassi.physics.backends.numba``). ``import cassi`` caps torch's threads at :func:`default_threads` unless the user
 set ``OMP_NUM_THREADS`` (then the count is theirs); every script takes ``threads=`` (``auto`` or a number).
 """
 from __future__ import annotations

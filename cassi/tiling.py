@@ -112,7 +112,7 @@ class Tiled:
                 if not mask.any():  # nothing of this tile reaches the detector: its estimate is 0
                     x = None
                 else:
-                    sub = type(op)(mask, offsets=op.offsets, axis=op.axis, backend=op.backend)
+                    sub = type(op)(mask, backend=op.backend, geometry=op.geometry)
                     yt = y[..., r0:r1 + dh, c0:c1 + dw].contiguous()
                     gtt = None if gt is None else gt[..., r0:r1, c0:c1].contiguous()
                     result = self.reconstructor(sub, yt, gt=gtt)

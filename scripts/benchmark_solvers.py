@@ -20,9 +20,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from cassi import CASSI
-from cassi.data.masks import bernoulli_mask
 from cassi.data.synthetic import synthetic_cube
 from cassi.io import write_text_atomic
+from cassi.physics.masks import bernoulli_mask
 from cassi.solvers import GAPTV, psnr
 from cassi.solvers import textbook
 

@@ -15,9 +15,9 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-import cassi.threads
-from cassi.data.camera import Camera
 from cassi.lightning.fit import Machine, fit_camera, native_bf16, scene_side
+from cassi.physics.camera import Camera
+import cassi.threads
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_camera")

@@ -23,15 +23,15 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-import cassi.threads
-from cassi.data.camera import Camera
 from cassi.io import write_text_atomic
 from cassi.lightning.callbacks import ResultsTable
 from cassi.lightning.module import ReconstructionModule
 from cassi.models import export_weights, load_model, resolve_checkpoint
-from cassi.models.checkpoint import PRETRAINED_DIR
 from cassi.models.camera import other_masks_expected
 from cassi.models.card import card_markdown, masks_section, reference_input, reference_output
+from cassi.models.checkpoint import PRETRAINED_DIR
+from cassi.physics.camera import Camera
+import cassi.threads
 
 
 def score(cfg, reconstructor, operator, split: str) -> list[dict]:

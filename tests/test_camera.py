@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from cassi import CASSI
-from cassi.data.masks import center_crop
-from cassi.data.noise import ShotNoise
-from cassi.data.simulate import BernoulliMasks, FixedMask, RandomMaskCrops, Simulator
 from cassi.models import load_model
 from cassi.models.camera import check_camera, describe_camera, other_masks_expected
+from cassi.physics.masks import center_crop
+from cassi.physics.noise import ShotNoise
+from cassi.physics.simulate import BernoulliMasks, FixedMask, RandomMaskCrops, Simulator
 
 
 def _warnings(caplog, model, mask, bands=28):
@@ -154,7 +154,7 @@ def test_data_configs_choose_their_camera_and_the_command_line_wins(shared_data)
     ({"masks": "crops"}, "needs camera.mask"),
     ({"masks": "bernoulli", "wavelengths": [500, 600]}, "camera.wavelengths: wavelengths has 2 values"),
     ({"masks": "bernoulli", "noise": {"photon": 3}}, "unknown keys"),
-    ({"masks": "bernoulli", "offsets": [0, 1], "step": None}, "camera.offsets has 2 values but camera.bands=28"),
+    ({"masks": "bernoulli", "offsets": [0, 1], "step": None}, "camera.offsets has length 2 but bands=28"),
     ({"masks": "bernoulli", "offsets": list(range(28))}, r"camera.offsets replaces camera.step: give camera.step=null"),
     ({"masks": "mixture"}, "needs camera.mixture"),
     ({"masks": "mixture", "mixture": [{"masks": "crops"}]}, r"camera.mixture\[0\]: camera.masks=crops needs"),
@@ -162,7 +162,7 @@ def test_data_configs_choose_their_camera_and_the_command_line_wins(shared_data)
     ({"masks": "bernoulli", "fill": [0.6, 0.2]}, r"camera.fill must be in \(0, 1\] or a range"),
 ])
 def test_bad_camera_specs_fail_in_one_line(bad, message):
-    from cassi.data.camera import Camera
+    from cassi.physics.camera import Camera
 
     with pytest.raises(ValueError, match=message) as e:
         Camera(**bad)
@@ -170,8 +170,8 @@ def test_bad_camera_specs_fail_in_one_line(bad, message):
 
 
 def test_camera_checks_the_frame_from_the_mask_header(tmp_path):
-    from cassi.data.camera import Camera
     from cassi.io import save_mask
+    from cassi.physics.camera import Camera
 
     save_mask(tmp_path / "m.npy", (torch.rand(40, 50) > 0.5).float())
     cam = Camera(mask=tmp_path / "m.npy", masks="fixed", bands=4, wavelengths=None)
@@ -191,8 +191,8 @@ def test_camera_checks_the_frame_from_the_mask_header(tmp_path):
 
 
 def test_a_mixture_camera_draws_each_sample_from_its_sources_and_its_record_fits_them(tmp_path, caplog):
-    from cassi.data.camera import Camera
     from cassi.io import save_mask
+    from cassi.physics.camera import Camera
 
     fixed = (torch.rand(32, 32, generator=torch.Generator().manual_seed(1)) > 0.5).float()
     save_mask(tmp_path / "m.npy", fixed)

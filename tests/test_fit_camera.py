@@ -13,9 +13,9 @@ import scipy.io
 import torch
 from omegaconf import OmegaConf
 
-from cassi.data.camera import Camera
 from cassi.lightning.fit import Machine, native_bf16, plan, scene_side
 from cassi.models import Refiner, load_model
+from cassi.physics.camera import Camera
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = Machine(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "machine" / "cpu.yaml")))  # machine=cpu

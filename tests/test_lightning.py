@@ -9,11 +9,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from cassi import CASSI
-from cassi.data.masks import bernoulli_mask
 from cassi.data.synthetic import synthetic_batch
 from cassi.lightning.callbacks import CubeWriter
 from cassi.lightning.module import ReconstructionModule, summarize, write_table
 from cassi.metrics import psnr
+from cassi.physics.masks import bernoulli_mask
 from cassi.solvers import GAPTV, PseudoInverse
 
 B, C, H, W = 3, 8, 24, 24

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from cassi.data.masks import bernoulli_mask, center_crop, random_crops
-from cassi.data.noise import Compose, GaussianNoise, ShotNoise
+from cassi.physics.masks import bernoulli_mask, center_crop, random_crops
+from cassi.physics.noise import Compose, GaussianNoise, ShotNoise
 
 
 def gen(seed=0):

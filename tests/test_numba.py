@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from cassi import CASSI
-from cassi.backends import AutoBackend, UnsupportedGeometry
-from cassi.backends import numba as nb
+from cassi.physics.backends import AutoBackend, UnsupportedGeometry
+from cassi.physics.backends import numba as nb
 from test_operator import B, C, H, W, make_op, rand
 
 
@@ -166,7 +166,7 @@ def test_threads_follow_torch(monkeypatch):
     """The parallel kernel runs with n = torch.get_num_threads() numba threads (capped at numba's pool)."""
     import numba
 
-    from cassi.backends import _numba_kernels
+    from cassi.physics.backends import _numba_kernels
 
     op = make_op("3d", "frac", "w", "numba", torch.float32)
     x = rand((B, *op.x_shape), torch.float32)
@@ -199,7 +199,7 @@ def test_jit_cache_spares_a_second_process_the_compilation(tmp_path):
     code = """
         import torch
         from cassi import CASSI
-        from cassi.backends.numba import _kernels
+        from cassi.physics.backends.numba import _kernels
         op = CASSI(torch.rand(6, 7), bands=3, step=2, backend="numba")
         op(torch.rand(1, 3, 6, 7))
         s = [_kernels().fwd_w.stats, _kernels().fwd_w_serial.stats]  # the kernel that ran: parallel or serial
@@ -227,7 +227,7 @@ def test_a_forked_child_can_run_the_kernels(tmp_path):
         op = CASSI(torch.rand(6, 7), bands=3, step=2, backend="numba")
         x = torch.rand(2, 3, 6, 7)
         expected = op(x)
-        from cassi.backends import numba as nb
+        from cassi.physics.backends import numba as nb
         nb._LOCK.acquire()  # as if another thread of the parent were in a kernel when it forked
         def child(q):
             q.put(torch.equal(op(x), expected))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cassi import CASSI
-from cassi.backends import BACKENDS, AutoBackend, Backend, UnsupportedGeometry
+from cassi.physics.backends import BACKENDS, AutoBackend, Backend, UnsupportedGeometry
 
 B, C, H, W = 2, 5, 7, 9  # odd, non-square sizes catch transposition and off-by-one errors
 
@@ -180,7 +180,7 @@ def test_norm(geom):
 def small_blocks(request, monkeypatch):
     """Row blocks of one row, or of a few rows with a ragged last block (float64 y rows of 88–168
     bytes), so that tiny cases run the blocked forward."""
-    from cassi.backends import strided
+    from cassi.physics.backends import strided
 
     monkeypatch.setattr(strided, "BLOCK_BYTES", request.param)
     assert len(strided._blocks(B, H, 8 * 17)) > 1 and len(strided._blocks(B, H, 8 * 11)) > 1
@@ -507,7 +507,7 @@ def test_auto_drops_a_wrong_or_raising_candidate(defect, geom, axis, caplog):
 
 def test_auto_verify_accepts_correct_backends():
     """``verify`` passes every correct backend on every geometry it supports (no false alarms)."""
-    from cassi.backends.auto import verify
+    from cassi.physics.backends.auto import verify
 
     for geom in GEOMETRIES:
         for axis in ("w", "h"):

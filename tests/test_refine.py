@@ -4,9 +4,9 @@ import torch
 
 from cassi import CASSI
 from cassi.data.datasets import SyntheticCubes
-from cassi.data.simulate import BernoulliMasks, Simulator
 from cassi.models import FirstIterates, Refiner, load_model
 from cassi.models.refine import _scale, build_solver
+from cassi.physics.simulate import BernoulliMasks, Simulator
 from cassi.solvers import GAPTV, PseudoInverse
 
 FAST_TV = {"_target_": "cassi.solvers.GAPTV", "iters": 5, "tv_weight": 0.2, "tv_iters": 2, "decay": 0.9}
@@ -153,7 +153,7 @@ def test_windows_of_x_x0_r_cut_and_flipped_together():
 def test_windows_carry_the_measurement_noise_over_their_own_measurement(axis):
     """A window's "noise" is the scene's y − A x over the window's own measurement (cut and flipped with x): its
     A x + noise is the scene's y wherever every band's contribution comes from inside the window."""
-    from cassi.data.noise import ShotNoise
+    from cassi.physics.noise import ShotNoise
 
     sim = Simulator(BernoulliMasks(0.5), bands=5, step=1, backend="strided", noise=ShotNoise(100), axis=axis)
     ds = FirstIterates(SyntheticCubes(3, 24, 24, bands=5, seed=3), sim, PINV, patch_size=8, samples_per_epoch=12)
@@ -179,7 +179,7 @@ def test_a_pool_through_a_mixture_of_masks_is_found_again_by_a_new_process_and_n
     # the mixture is built anew in every process (fit_camera's stage 2, a resumed run): its sources have no
     # identity to share, only what they draw
     import cassi.models.refine as refine
-    from cassi.data.simulate import BlockMasks, FixedMask, MixedMasks
+    from cassi.physics.simulate import BlockMasks, FixedMask, MixedMasks
 
     monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
     mask = torch.rand(24, 24, generator=torch.Generator().manual_seed(1))
@@ -467,8 +467,8 @@ def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ens
     """Windows that feed stage 1 (a pool of 1 stage) train a 2-stage model end to end: stage 1 (plainly, even
     where the model has a mirror ensemble there for inference), its projection onto the window's y = A x + n (with
     project; n the scene's noise there), stage 2 on that and what it leaves of y, then the loss."""
-    from cassi.data.noise import ShotNoise
     from cassi.lightning import TrainingModule
+    from cassi.physics.noise import ShotNoise
 
     model = tiny(stages=2, solver=PINV, mask_input=masked)
     model.project, model.flip_ensemble = project, [0] if ensemble else False

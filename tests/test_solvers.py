@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import cassi.solvers.tv as tvmod
 from cassi import CASSI
-from cassi.data.masks import bernoulli_mask
+from cassi.physics.masks import bernoulli_mask
 from cassi.data.synthetic import synthetic_batch
 from cassi.solvers import (ADMM, ADMMTV, GAP, GAPTV, PseudoInverse, Result, TVDenoiser, TwIST, psnr, tv_norm,
                            twist_parameters)
@@ -100,7 +100,7 @@ def test_tv_denoiser_matches_textbook_and_is_blockwise_exact(monkeypatch):
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
 def test_numba_tv_kernel_equals_the_torch_ops(dtype, tol):
     pytest.importorskip("numba")
-    from cassi.backends.numba import tv_denoise
+    from cassi.physics.backends.numba import tv_denoise
 
     f = torch.rand(2, C, 13, 10, generator=torch.Generator().manual_seed(4), dtype=dtype)
     ref = TVDenoiser(0.15, 6, impl="torch")(f)
@@ -117,7 +117,7 @@ def test_numba_tv_kernel_equals_the_torch_ops(dtype, tol):
 
 def test_gap_tv_with_the_numba_tv_kernel_keeps_its_psnr(problem, monkeypatch):
     pytest.importorskip("numba")
-    import cassi.backends.numba as nb
+    import cassi.physics.backends.numba as nb
 
     op, _, x, _ = problem
     ran, kernel = [], nb.tv_denoise

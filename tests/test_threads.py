@@ -12,9 +12,9 @@ import torch
 from omegaconf import OmegaConf
 
 from cassi import CASSI, threads
-from cassi.data.masks import bernoulli_mask
 from cassi.data.synthetic import synthetic_cube
 from cassi.lightning.sweeps import ThreadShare, parallel_jobs
+from cassi.physics.masks import bernoulli_mask
 from cassi.solvers import GAPTV
 
 ROOT = Path(__file__).resolve().parents[1]

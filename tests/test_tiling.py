@@ -4,8 +4,8 @@ import torch
 
 import cassi.tiling as tiling
 from cassi import CASSI
-from cassi.data.masks import bernoulli_mask
 from cassi.data.synthetic import synthetic_cube
+from cassi.physics.masks import bernoulli_mask
 from cassi.solvers import GAPTV, PseudoInverse
 from cassi.tiling import Tiled, tile_spans, tile_weights
 

@@ -98,7 +98,7 @@ def check_dtypes(size, device) -> list:
 
 def check_blocks(size, device, configs) -> list:
     """Each block size the tuner may choose (and small tiles: several column blocks, ragged edges)."""
-    from cassi.backends import triton as T
+    from cassi.physics.backends import triton as T
 
     saved = T.CONFIGS, T.STEP_CONFIGS, T.INTERPRET_CONFIG
     bad = []
@@ -116,7 +116,7 @@ def check_blocks(size, device, configs) -> list:
 
 def check_int64(size, device) -> list:
     """The 64-bit index path (forced: tensors of 2³¹ elements do not fit a CPU test)."""
-    from cassi.backends import triton as T
+    from cassi.physics.backends import triton as T
 
     wide, T._wide = T._wide, lambda *t: True
     T._TUNED.clear()
@@ -177,7 +177,7 @@ def test_triton_gpu_matrix(size):
 @pytest.mark.gpu
 @gpu
 def test_triton_gpu_dtypes_blocks_autograd():
-    from cassi.backends import triton as T
+    from cassi.physics.backends import triton as T
 
     assert check_dtypes(REAL["seed"], "cuda") == []
     assert check_blocks((4, 28, 256, 256), "cuda", sorted(set(T.CONFIGS + T.STEP_CONFIGS))) == []

@@ -1,11 +1,9 @@
 """Data: synthetic scenes, masks, noise, datasets and measurement simulation (torch only; the
 Lightning DataModule over them is ``cassi.lightning.CASSIDataModule``)."""
 from cassi.data.datasets import CubeFiles, MeasurementFiles, SyntheticCubes, resolve_paths
-from cassi.data.masks import bernoulli_mask, center_crop, random_crops
-from cassi.data.noise import Compose, GaussianNoise, ShotNoise
-from cassi.data.simulate import BernoulliMasks, BlockMasks, FixedMask, RandomMaskCrops, Simulator
-from cassi.data.camera import Camera
 from cassi.data.synthetic import default_wavelengths, synthetic_batch, synthetic_cube
+from cassi.physics import (BernoulliMasks, BlockMasks, Camera, Compose, FixedMask, GaussianNoise,  # re-exported
+                           RandomMaskCrops, ShotNoise, Simulator, bernoulli_mask, center_crop, random_crops)
 
 __all__ = [
     "BernoulliMasks", "BlockMasks", "Camera", "Compose", "CubeFiles", "FixedMask", "GaussianNoise",

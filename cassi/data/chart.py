@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from cassi.data.datasets import BAND_SETS
-from cassi.data.masks import _check_int
+from cassi._checks import check_int
+from cassi.io.spectral import band_wavelengths
 
 __all__ = ["CHECKER", "PATCH_NAMES", "checker_reflectances", "illuminant_spectrum", "color_chart", "random_chart",
            "ColorChart", "RandomCharts"]
@@ -59,11 +59,7 @@ def _wl(wavelengths) -> torch.Tensor:
     """(C,) float64 nm from a list/tensor or a band-set name ('tsa', 'cave')."""
     if wavelengths is None:
         raise ValueError("a chart is made from spectra: it needs wavelengths (nm per band, 'tsa' or 'cave'), not null")
-    if isinstance(wavelengths, str):
-        if wavelengths.lower() not in BAND_SETS:
-            raise ValueError(f"unknown band set {wavelengths!r}: use one of {sorted(BAND_SETS)} or a list of nm")
-        wavelengths = BAND_SETS[wavelengths.lower()]
-    wl = torch.as_tensor([float(w) for w in wavelengths], dtype=_F64)
+    wl = torch.as_tensor(band_wavelengths(wavelengths), dtype=_F64)
     if wl.ndim != 1 or wl.numel() < 1 or not bool(torch.isfinite(wl).all() and (wl > 0).all()):
         raise ValueError(f"wavelengths must be a non-empty 1-D sequence of positive finite nm, got {wavelengths!r}")
     return wl
@@ -222,8 +218,8 @@ def color_chart(height: int = 256, width: int = 256, wavelengths="tsa", illumina
     Returns {"x": (C, H, W) ``dtype`` in [0, 1], "regions": (H, W) int64 (patch k = k for k in 1…24, 0 elsewhere;
     patches too small to draw at this size are absent), "spectra": (24, C) float64 each patch's reflectance ×
     illuminant × gain (its radiance under unit shading), "names": the 24 patch names}."""
-    _check_int("height", height)
-    _check_int("width", width)
+    check_int("height", height)
+    check_int("width", width)
     wl = _wl(wavelengths)
     refl = checker_reflectances(wl)
     light = illuminant_spectrum(illuminant, wl)
@@ -297,9 +293,9 @@ def random_chart(height: int = 256, width: int = 256, wavelengths="tsa", seed: i
 
     Returns {"x": (C, H, W) ``dtype`` in [0, 1] (max in [0.6, 1.0]), "regions": (H, W) int64 (grid patches 1…K,
     0 elsewhere)}."""
-    _check_int("height", height)
-    _check_int("width", width)
-    _check_int("seed", seed, minimum=0)
+    check_int("height", height)
+    check_int("width", width)
+    check_int("seed", seed, minimum=0)
     wl = _wl(wavelengths)
     basis = checker_reflectances(wl)
     g = torch.Generator().manual_seed(seed)

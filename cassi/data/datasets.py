@@ -3,7 +3,7 @@
 Every sample is a dict without the batch dim (``default_collate`` batches it):
 ``"x"`` ground truth (C, H, W) float32 (absent for real measurements), ``"y"``
 a measurement (1, H, W+Δ) (real data only: simulated ones are made per batch by
-``cassi.data.simulate.Simulator``), ``"mask"`` (1, H, W) or (C, H, W) (real data
+``cassi.physics.Simulator``), ``"mask"`` (1, H, W) or (C, H, W) (real data
 only), ``"name"`` a str. Datasets hold paths, not arrays: files are read in
 ``__getitem__``. Randomness (crops, augmentation, mosaics) is drawn from a
 generator seeded by (seed, epoch, index), so a sample is the same in any worker
@@ -26,16 +26,14 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from cassi import io
-from cassi.data.masks import _size_pair, center_crop
+from cassi._checks import size_pair as _size_pair
 from cassi.data.synthetic import synthetic_cube
 from cassi.io import DataFileError
+from cassi.physics.masks import center_crop
 
 log = logging.getLogger("cassi")
 
 __all__ = ["SyntheticCubes", "CubeFiles", "MeasurementFiles", "collate", "resolve_paths", "stable_seed"]
-
-#: Band sets that configs may name instead of listing wavelengths.
-BAND_SETS = {"tsa": io.TSA_WAVELENGTHS, "cave": io.CAVE_WAVELENGTHS}
 
 
 def stable_seed(*parts) -> int:
@@ -68,22 +66,6 @@ def resolve_paths(patterns) -> list[Path]:
     return sorted(found)
 
 
-def _wavelengths(value, bands: int | None = None, owner: str = "the data has") -> list[float] | None:
-    """None, a named band set ('tsa', 'cave') or a sequence of nm, as a list of floats; with ``bands``,
-    ValueError unless there is one wavelength per band (``owner`` names what has the bands)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if value.lower() not in BAND_SETS:
-            raise ValueError(f"unknown band set {value!r}: use one of {sorted(BAND_SETS)} or a list of nm")
-        value = BAND_SETS[value.lower()]
-    value = [float(v) for v in value]
-    if bands is not None and len(value) != bands:
-        raise ValueError(f"wavelengths has {len(value)} values but {owner} {bands} bands: give {bands} wavelengths "
-                         f"(nm; 'tsa' has 28, 'cave' 31) or wavelengths=null")
-    return value
-
-
 def _optional_size(size) -> tuple[int, int] | None:
     return None if size is None else _size_pair(size if isinstance(size, int) else tuple(size))
 
@@ -101,7 +83,7 @@ class SyntheticCubes(Dataset):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         self.n, self.height, self.width, self.bands, self.seed = n, height, width, bands, seed
-        self.wavelengths = _wavelengths(wavelengths)
+        self.wavelengths = io.band_wavelengths(wavelengths)
         self.seeds = range(seed, seed + n)
 
     def __len__(self) -> int:
@@ -186,7 +168,8 @@ class CubeFiles(Dataset):
         self.files = resolve_paths(paths)
         self.key, self.layout, self.seed, self.augment, self.epoch = key, layout, seed, augment, 0
         self.max_bytes = max_bytes
-        self.wavelengths, self.source_wavelengths = _wavelengths(wavelengths), _wavelengths(source_wavelengths)
+        self.wavelengths = io.band_wavelengths(wavelengths)
+        self.source_wavelengths = io.band_wavelengths(source_wavelengths)
         self.patch_size, self.crop_to = _optional_size(patch_size), _optional_size(crop_to)
         if self.patch_size and self.crop_to:
             raise ValueError("give patch_size= (random crops) or crop_to= (center crop), not both")

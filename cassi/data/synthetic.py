@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from cassi.data.masks import _check_int
+from cassi._checks import check_int
 
 __all__ = ["default_wavelengths", "synthetic_cube", "synthetic_batch"]
 
@@ -33,7 +33,7 @@ _F64 = torch.float64
 
 def default_wavelengths(bands: int = 28) -> torch.Tensor:
     """(bands,) float64 wavelengths in nm, evenly spread over 450–650 nm."""
-    _check_int("bands", bands)
+    check_int("bands", bands)
     return torch.linspace(450.0, 650.0, bands, dtype=_F64)
 
 
@@ -103,10 +103,10 @@ def synthetic_cube(
         (C, H, W) tensor of ``dtype`` on the CPU, values in [0, 1], max in
         [0.9, 1.0].
     """
-    _check_int("height", height)
-    _check_int("width", width)
-    _check_int("n_materials", n_materials)
-    _check_int("seed", seed, minimum=0)
+    check_int("height", height)
+    check_int("width", width)
+    check_int("n_materials", n_materials)
+    check_int("seed", seed, minimum=0)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     if wavelengths is None:
@@ -178,7 +178,7 @@ def synthetic_batch(
     with different seeds do not share scenes. Other arguments as in
     :func:`synthetic_cube`.
     """
-    _check_int("batch", batch)
-    _check_int("seed", seed, minimum=0)
+    check_int("batch", batch)
+    check_int("seed", seed, minimum=0)
     seeds = torch.randint(2**62, (batch,), generator=torch.Generator().manual_seed(seed)).tolist()
     return torch.stack([synthetic_cube(height, width, bands, wavelengths, s, n_materials, dtype) for s in seeds])

@@ -9,10 +9,10 @@ raises DataFileError naming the file; writes are atomic. Needs only torch, numpy
 from cassi.io.arrays import (ArrayHeader, Cube, Measurement, check_mask_fits, load_cube, load_mask, load_measurement,
                              read_header, save_cube, save_mask, save_measurement)
 from cassi.io.formats import FORMATS, MAX_BYTES, DataFileError, remove_leftovers, write_text_atomic
-from cassi.io.spectral import CAVE_WAVELENGTHS, TSA_WAVELENGTHS, resample_bands
+from cassi.io.spectral import BAND_SETS, CAVE_WAVELENGTHS, TSA_WAVELENGTHS, band_wavelengths, resample_bands
 
 __all__ = [
-    "CAVE_WAVELENGTHS", "FORMATS", "MAX_BYTES", "TSA_WAVELENGTHS", "ArrayHeader", "Cube", "DataFileError",
-    "Measurement", "check_mask_fits", "load_cube", "load_mask", "load_measurement", "read_header", "resample_bands",
-    "remove_leftovers", "save_cube", "save_mask", "save_measurement", "write_text_atomic",
+    "BAND_SETS", "CAVE_WAVELENGTHS", "FORMATS", "MAX_BYTES", "TSA_WAVELENGTHS", "ArrayHeader", "Cube", "DataFileError",
+    "Measurement", "band_wavelengths", "check_mask_fits", "load_cube", "load_mask", "load_measurement", "read_header",
+    "resample_bands", "remove_leftovers", "save_cube", "save_mask", "save_measurement", "write_text_atomic",
 ]

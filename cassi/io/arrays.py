@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from cassi.geometry import Geometry
 from cassi.io.formats import MAX_BYTES, DataFileError, read_array, size_text, squeezed_shape, write_array
 
 CUBE_KEYS = ("cube", "img", "img_expand", "data_slice", "Omsi", "HSI", "truth", "data", "rad", "gt")
@@ -363,54 +364,46 @@ def check_mask_fits(mask_shape: Sequence[int], meas_shape: Sequence[int], disper
                     axis: str = "w", *, bands: int | None = None, path: PathLike | None = None) -> tuple[int, int]:
     """Check that a measurement (…,H,W') fits a mask (…,H,W) dispersed by `dispersion`; return (H, W').
 
-    `dispersion`: a step S (offsets c·S for c < bands; bands from a (C,H,W)
-    mask or `bands=`) or per-band offsets d_c. Along axis 'w' the measurement
-    must be H × (W + Δ), along 'h' (H + Δ) × W, with Δ = ceil(max d − min(0, min d)).
-    Raises DataFileError (naming `path`, default 'measurement') on mismatch.
+    `dispersion`: a step S > 0 (offsets c·S for c < bands; bands from a (C,H,W) mask or `bands=`) or per-band
+    offsets d_c. The measurement must be the operator's: H × (W + Δ) along 'w', (H + Δ) × W along 'h', with
+    Δ = ceil(max d − min d) (:class:`cassi.geometry.Geometry`). Raises DataFileError (naming `path`, default
+    'measurement') on mismatch, ValueError for a dispersion no operator takes.
     """
     mask_shape, meas_shape = tuple(mask_shape), tuple(meas_shape)
-    if axis not in ("w", "h"):
-        raise ValueError(f"axis must be 'w' or 'h', got {axis!r}")
     if isinstance(dispersion, (int, float)):
         bands = bands or (mask_shape[-3] if len(mask_shape) >= 3 else None)
         if bands is None:
             raise ValueError("a dispersion step needs the band count: pass bands= or a (C,H,W) mask shape")
-        offsets = [c * float(dispersion) for c in range(bands)]
+        geometry = Geometry.of(bands, step=dispersion, axis=axis)
     else:
-        offsets = [float(d) for d in dispersion]
-    if len(mask_shape) >= 3 and mask_shape[-3] != len(offsets):
-        raise DataFileError(path or "mask", f"mask has {mask_shape[-3]} bands but {len(offsets)} offsets are given")
-    delta = _delta(offsets)
-    h, w = mask_shape[-2:]
-    expected = (h, w + delta) if axis == "w" else (h + delta, w)
+        geometry = Geometry.of(offsets=dispersion, axis=axis)
+    if len(mask_shape) >= 3 and mask_shape[-3] != geometry.bands:
+        raise DataFileError(path or "mask", f"mask has {mask_shape[-3]} bands but {geometry.bands} offsets are given")
+    expected = geometry.measurement_shape(mask_shape)
     if tuple(meas_shape[-2:]) != expected:
+        (h, w), delta = mask_shape[-2:], geometry.delta
         raise DataFileError(path or "measurement",
                             f"measurement of size {meas_shape[-2]}×{meas_shape[-1]} does not fit a {h}×{w} mask "
-                            f"with {len(offsets)} bands dispersed by {delta} px along {axis!r}: "
-                            f"expected {expected[0]}×{expected[1]}{_what_fits((h, w), meas_shape[-2:], offsets, axis)}")
+                            f"with {geometry.bands} bands dispersed by {delta} px along {axis!r}: "
+                            f"expected {expected[0]}×{expected[1]}{_what_fits((h, w), meas_shape[-2:], geometry)}")
     return expected
 
 
-def _delta(offsets: Sequence[float]) -> int:
-    """Δ = ceil(max d − min(0, min d)) of per-band offsets."""
-    return math.ceil(round(max(offsets) - min(0.0, min(offsets)), 6))
-
-
-def _what_fits(mask_hw: tuple[int, int], meas_hw: Sequence[int], offsets: list[float], axis: str) -> str:
+def _what_fits(mask_hw: tuple[int, int], meas_hw: Sequence[int], geometry: Geometry) -> str:
     """'; it fits ...' naming the dispersion axis, step (same bands) or band count (same step) that would fit
     a measurement of size `meas_hw`, or '' when none does."""
-    (h, w), (mh, mw) = mask_hw, tuple(meas_hw)
+    (h, w), (mh, mw), offsets = mask_hw, tuple(meas_hw), geometry.offsets
     fits = []
     for ax, same, extra in (("w", mh == h, mw - w), ("h", mw == w, mh - h)):
         if not same or extra < 0:
             continue
-        if ax != axis:
-            if extra == _delta(offsets):
+        if ax != geometry.axis:
+            if extra == geometry.delta:
                 fits.append(f"axis='{ax}'")
             continue
         bands = len(offsets)
         step = extra / (bands - 1) if bands > 1 else None
-        if step and _delta([c * step for c in range(bands)]) == extra:
+        if step and Geometry.of(bands, step).delta == extra:
             fits.append(f"step={step:.6g} with {bands} bands")
         uniform = [offsets[c] - offsets[c - 1] for c in range(1, bands)]
         if uniform and max(uniform) == min(uniform) and uniform[0] > 0:

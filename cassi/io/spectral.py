@@ -14,7 +14,26 @@ TSA_WAVELENGTHS: tuple[float, ...] = (
 #: CAVE's 31 bands, 400:10:700 nm.
 CAVE_WAVELENGTHS: tuple[float, ...] = tuple(float(w) for w in range(400, 701, 10))
 
+#: The named band sets, by the name a config or a file's meta gives.
+BAND_SETS: dict[str, tuple[float, ...]] = {"tsa": TSA_WAVELENGTHS, "cave": CAVE_WAVELENGTHS}
+
 T = TypeVar("T", Cube, torch.Tensor)
+
+
+def band_wavelengths(value, bands: int | None = None, owner: str = "the data has") -> list[float] | None:
+    """None, a named band set ('tsa', 'cave') or a sequence of nm, as a list of floats; with ``bands``,
+    ValueError unless there is one wavelength per band (``owner`` names what has the bands)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.lower() not in BAND_SETS:
+            raise ValueError(f"unknown band set {value!r}: use one of {sorted(BAND_SETS)} or a list of nm")
+        value = BAND_SETS[value.lower()]
+    value = [float(v) for v in value]
+    if bands is not None and len(value) != bands:
+        raise ValueError(f"wavelengths has {len(value)} values but {owner} {bands} bands: give {bands} wavelengths "
+                         f"(nm; 'tsa' has 28, 'cave' 31) or wavelengths=null")
+    return value
 
 
 def resample_bands(x: T, src_wavelengths: Sequence[float] | None, dst_wavelengths: Sequence[float]) -> T:

@@ -11,8 +11,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback, Timer
 
 from cassi import viz
-from cassi.data.datasets import _wavelengths
-from cassi.io import load_cube, save_cube, write_text_atomic
+from cassi.io import band_wavelengths, load_cube, save_cube, write_text_atomic
 from cassi.lightning.module import short_name, summarize, terminal_table, write_table
 
 
@@ -73,7 +72,7 @@ class CubeWriter(BasePredictionWriter):
         self.nonnegative, self.overwrite, self.preview = nonnegative, overwrite, preview
         self.output_dir, self.fmt = Path(output_dir), fmt.lstrip(".")
         self.meta = {k: v for k, v in dict(meta or {}).items() if v is not None}
-        self.wavelengths = _wavelengths(wavelengths, self.meta.get("bands"), "the reconstructions have")
+        self.wavelengths = band_wavelengths(wavelengths, self.meta.get("bands"), "the reconstructions have")
         self.written: list[Path] = []
         self.rows: list[dict] = []
         self.failed: list[tuple[str, str]] = []

@@ -17,7 +17,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler
 
 from cassi.data.datasets import collate, stable_seed
-from cassi.data.simulate import Simulator
+from cassi.physics.simulate import Simulator
 
 __all__ = ["CASSIDataModule", "EpochSampler", "check_disjoint", "seed_worker"]
 

@@ -111,7 +111,7 @@ def unet_width(train: list[str], init: dict) -> int | str | None:
 
 
 def scene_side(camera) -> int:
-    """The side (px) of the fit's square scenes for a :class:`cassi.data.camera.Camera`: 256, or a smaller mask's
+    """The side (px) of the fit's square scenes for a :class:`cassi.physics.camera.Camera`: 256, or a smaller mask's
     smaller side. ValueError in one line for a camera a fit cannot train for: bands without wavelengths or beyond the
     training scenes' 400–700 nm, a mask of several planes (C, H, W), or one under 64 px (the training windows)."""
     nm = camera.wavelengths

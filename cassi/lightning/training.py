@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import Timer
 from torch import nn
 
 import cassi
-from cassi.data.datasets import _wavelengths
+from cassi.io import band_wavelengths
 from cassi.lightning.module import ReconstructionModule
 from cassi.metrics import all_metrics
 from cassi.models.camera import describe_camera
@@ -99,7 +99,7 @@ class TrainingModule(ReconstructionModule):
             stages = getattr(model, "stages", None)
             if not stage_weights or min(stage_weights) < 0 or (stages is not None and len(stage_weights) > stages):
                 raise ValueError(f"stage_weights must be 1..{stages} weights >= 0, got {stage_weights}")
-        self.wavelengths = _wavelengths(wavelengths, getattr(model, "bands", None), "the model reconstructs")
+        self.wavelengths = band_wavelengths(wavelengths, getattr(model, "bands", None), "the model reconstructs")
         if init_weights:
             self._init_weights(model, config, init_weights)
         elif init_training:
@@ -205,7 +205,7 @@ class TrainingModule(ReconstructionModule):
         x = batch["x"]
         if self.geometry is None:  # the dispersion it is trained for (a window batch has no mask: any one fits)
             op = self.operator(mask=batch["mask"] if "mask" in batch else torch.ones(1, 1, 1, 1, device=x.device))
-            self.geometry = {"offsets": list(op.offsets), "axis": op.axis, "bands": op.bands}
+            self.geometry = op.geometry.record()
         if "x0" in batch:  # windows of a solver's reconstructions (cassi.models.FirstIterates): the learned part
             if not hasattr(self.reconstructor, "refine") or self.stage_weights is not None:
                 raise ValueError(f"training batches of first iterates (x0, r windows) train a cassi.models.Refiner "

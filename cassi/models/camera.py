@@ -1,12 +1,15 @@
-"""What camera a model was trained for, and a warning when it meets another.
+"""What camera a model was trained for: its geometry, refused when an operator's differs, and its masks, with a
+warning when it meets another's.
 
+A checkpoint records the dispersion it was trained for as ``"geometry"``: {"offsets", "axis", "bands"}
+(:meth:`cassi.geometry.Geometry.record`); :func:`check_geometry` compares it with an operator's geometry.
 A training checkpoint records ``"camera"``: {"masks": the training masks' description, "noise": the noise model
-or None} (from the data's :class:`cassi.data.simulate.Simulator`). Mask descriptions:
+or None} (from the data's :class:`cassi.physics.simulate.Simulator`). Mask descriptions:
 
 - {"kind": "fixed", "sha256", "shape", "fill", "binary", "segments"}: one mask (its fingerprint and statistics;
   the segments recognise the centre crop that scenes smaller than it meet)
 - {"kind": "crops", "sha256", "shape", "fill", "binary", "segments"}: random windows of one larger mask (the
-  hashes of its row segments recognise a window of 64² px or more: :func:`cassi.data.masks.segment_hashes`)
+  hashes of its row segments recognise a window of 64² px or more: :func:`cassi.physics.masks.segment_hashes`)
 - {"kind": "bernoulli", "p"}: a fresh Bernoulli(p) mask per sample
 - {"kind": "blocks", "p", "block"}: a fresh mask of binary blocks of ``block`` px per sample
   (``p`` a fill factor or a range [lo, hi] of them)
@@ -22,9 +25,10 @@ from contextlib import contextmanager
 
 import torch
 
-from cassi.data.masks import mask_stats, window_segment_hashes
+from cassi.geometry import Geometry
+from cassi.physics.masks import mask_stats, window_segment_hashes
 
-__all__ = ["mask_stats", "describe_camera", "check_camera", "other_masks_expected"]
+__all__ = ["mask_stats", "describe_camera", "check_camera", "check_geometry", "other_masks_expected"]
 
 log = logging.getLogger("cassi.models")
 _expected = 0  # > 0 inside other_masks_expected()
@@ -86,6 +90,31 @@ def _fits(info: dict, mask: torch.Tensor, stats: dict) -> bool:
         lo, hi = (p, p) if isinstance(p, (int, float)) else p
         return stats["binary"] and blocky and lo - 0.05 < stats["fill"] < hi + 0.05
     return True  # an unknown source: nothing to compare
+
+
+def check_geometry(model, op) -> None:
+    """ValueError in one line when ``op``'s band count is not ``model.bands``, or when its geometry is not the one
+    ``model.geometry`` records (a loaded checkpoint's: offsets within 1e-4 px, axis)."""
+    source = getattr(model, "source", None)
+    where = f"the model from {source}" if source else f"this {type(model).__name__}"
+    if op.bands != model.bands:
+        raise ValueError(f"{where} reconstructs {model.bands} bands but the operator has {op.bands}; "
+                         f"use data with {model.bands} bands (e.g. bands={model.bands}) or another model")
+    record = getattr(model, "geometry", None)
+    if not record:
+        return
+    offs, axis = record.get("offsets"), record.get("axis") or "w"
+    same = op.geometry.matches(Geometry(offs, axis)) if offs is not None else axis == op.axis
+    if not same:
+        raise ValueError(f"{where} was trained for dispersion offsets {_short(offs)} along {axis!r}, "
+                         f"but the operator has offsets {_short(op.offsets)} along {op.axis!r}; "
+                         f"set operator.step/operator.offsets/operator.axis to match or use another model")
+
+
+def _short(offs) -> str:
+    if offs is None:
+        return "?"
+    return str(list(offs)) if len(offs) <= 4 else f"[{offs[0]:g}, {offs[1]:g}, …, {offs[-1]:g}] ({len(offs)} bands)"
 
 
 def check_camera(model, op) -> bool:

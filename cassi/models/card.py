@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cassi.data.masks import bernoulli_mask
 from cassi.data.synthetic import synthetic_cube
+from cassi.geometry import Geometry
 from cassi.metrics import all_metrics
 from cassi.models.camera import other_masks_expected
 from cassi.models.checkpoint import training_time
-from cassi.operator import CASSI
+from cassi.physics.masks import bernoulli_mask
+from cassi.physics.operator import CASSI
 
 __all__ = ["reference_input", "reference_output", "reference_psnr", "card_markdown", "masks_section",
            "training_record", "training_text"]
@@ -84,10 +85,9 @@ def reference_input(model: nn.Module, size: tuple[int, int] = (64, 96), seed: in
     geo = getattr(model, "geometry", None) or {}
     x = synthetic_cube(*size, bands=model.bands, seed=seed)[None]
     mask = bernoulli_mask(*size, p=0.5, seed=seed)
-    offsets = geo.get("offsets")
-    op = CASSI(mask, bands=model.bands, offsets=offsets, step=None if offsets else 2, axis=geo.get("axis", "w"),
-               backend="loop")
-    return x, op
+    axis = geo.get("axis") or "w"
+    geometry = Geometry.from_record(geo) if geo.get("offsets") else Geometry.of(model.bands, 2, axis=axis)
+    return x, CASSI(mask, bands=model.bands, backend="loop", geometry=geometry)
 
 
 @torch.no_grad()

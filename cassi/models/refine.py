@@ -244,7 +244,7 @@ class FirstIterates(Dataset):
     Args:
         cubes: a dataset of {"x": (C, H, W), "name"} (e.g. ``CubeFiles`` with patch_size=256, augment and
             samples_per_epoch = the number of scenes); each sample is taken once, at epoch 0.
-        simulator: a ``cassi.data.Simulator`` (its ``masks``, geometry and noise).
+        simulator: a ``cassi.physics.Simulator`` (its ``masks``, geometry and noise).
         solver: the first iterate's solver: the Refiner's ``solver`` dict (or a Solver; default GAP-TV as shipped).
         patch_size: window size (int or (h, w)); samples_per_epoch: windows per epoch; seed: window i of
             epoch e comes from (seed, e, i).

@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cassi._checks import check_positive_int
 from cassi.models.blocks import ResStack, UNet
-from cassi.models.camera import check_camera
+from cassi.models.camera import check_camera, check_geometry
 from cassi.registry import register
 
 PRIORS = {"unet": UNet, "resstack": ResStack}
@@ -62,7 +62,8 @@ class Reconstructor(nn.Module):
     ``geometry`` (the dispersion it was trained for) and ``source`` (the file). :meth:`check` refuses an
     operator of another band count or dispersion with one line naming both."""
 
-    #: set when loaded from a checkpoint: {"offsets": [...], "axis": "w"} it was trained for, and its path
+    #: set when loaded from a checkpoint: {"offsets": [...], "axis": "w", "bands"} it was trained for
+    #: (:meth:`cassi.geometry.Geometry.record`), and its path
     geometry: dict | None = None
     source: str | None = None
     camera: dict | None = None  # the masks and noise it was trained for (cassi.models.camera)
@@ -83,19 +84,9 @@ class Reconstructor(nn.Module):
         check_camera(self, op)
 
     def check_geometry(self, op) -> None:
-        """ValueError when ``op``'s band count (or, for a loaded checkpoint, its dispersion) differs."""
-        where = f"the model from {self.source}" if self.source else f"this {type(self).__name__}"
-        if op.bands != self.bands:
-            raise ValueError(f"{where} reconstructs {self.bands} bands but the operator has {op.bands}; "
-                             f"use data with {self.bands} bands (e.g. bands={self.bands}) or another model")
-        if self.geometry:
-            offs, axis = self.geometry.get("offsets"), self.geometry.get("axis", "w")
-            same = offs is None or (len(offs) == len(op.offsets) and
-                                    all(abs(a - b) < 1e-4 for a, b in zip(offs, op.offsets)))
-            if not same or axis != op.axis:
-                raise ValueError(f"{where} was trained for dispersion offsets {_short(offs)} along {axis!r}, "
-                                 f"but the operator has offsets {_short(op.offsets)} along {op.axis!r}; "
-                                 f"set operator.step/operator.offsets/operator.axis to match or use another model")
+        """ValueError when ``op``'s band count (or, for a loaded checkpoint, its dispersion) differs
+        (:func:`cassi.models.camera.check_geometry`)."""
+        check_geometry(self, op)
 
 
 class Unrolled(Reconstructor):
@@ -164,12 +155,6 @@ class Unrolled(Reconstructor):
     def _prior(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """The prior's output in the operator's dtype (under autocast the prior may compute in bf16)."""
         return self.prior(k)(x).to(x.dtype)
-
-
-def _short(offs) -> str:
-    if offs is None:
-        return "?"
-    return str(list(offs)) if len(offs) <= 4 else f"[{offs[0]:g}, {offs[1]:g}, …, {offs[-1]:g}] ({len(offs)} bands)"
 
 
 @register

@@ -11,7 +11,7 @@ dual iteration, u = f − w·div p:
 
 started from p = 0 on every call (the ``TV_denoising`` of Yuan's GAP-TV code, with the exact
 adjoint divergence). With s = 0 on the CPU (float32/float64, no autograd) and numba installed, one
-numba kernel runs all iterations plane by plane (``cassi.backends.numba.tv_denoise``: p and z of a
+numba kernel runs all iterations plane by plane (``cassi.physics.backends.numba.tv_denoise``: p and z of a
 plane stay in cache; ~3× the torch ops at one thread). Otherwise torch ops update all bands and samples
 at once; the only Python loop runs over blocks of planes sized to stay in the CPU cache (with s = 0 the
 dual iterations of one plane never read another plane).
@@ -80,7 +80,7 @@ class TVDenoiser:
         out = f if self.inplace else torch.empty_like(f)
         s = self.spectral_weight
         if self.impl == "auto" and s == 0 and f.device.type == "cpu":
-            from cassi.backends.numba import tv_denoise
+            from cassi.physics.backends.numba import tv_denoise
 
             if tv_denoise(f, out, w, self.iters):
                 return out

@@ -10,25 +10,9 @@ import hashlib
 import numpy as np
 import torch
 
+from cassi._checks import check_int, size_pair
+
 __all__ = ["bernoulli_mask", "random_crops", "center_crop", "mask_stats", "segment_hashes", "window_segment_hashes", "SEGMENT"]
-
-
-def _check_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
-
-
-def _size_pair(size) -> tuple[int, int]:
-    """An int s (for s x s) or a pair (h, w) of ints >= 1, as (h, w)."""
-    pair = (size, size) if isinstance(size, int) and not isinstance(size, bool) else size
-    try:
-        h, w = pair
-        return _check_int("size[0]", h), _check_int("size[1]", w)
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"size must be an int or a pair (h, w) of ints >= 1, got {size!r}") from None
 
 
 def _check_crop(mask: torch.Tensor, h: int, w: int) -> None:
@@ -52,14 +36,14 @@ def bernoulli_mask(
     same mask (a local generator is used; the global RNG state is untouched).
     Raises ValueError unless 0 < p <= 1.
     """
-    _check_int("height", height)
-    _check_int("width", width)
-    _check_int("seed", seed, minimum=0)
+    check_int("height", height)
+    check_int("width", width)
+    check_int("seed", seed, minimum=0)
     if isinstance(p, bool) or not isinstance(p, (int, float)):
         raise TypeError(f"p must be a number in (0, 1], got {p!r} ({type(p).__name__})")
     if not 0 < p <= 1:
         raise ValueError(f"p must be a number in (0, 1], got {p!r}")
-    shape = (height, width) if batch is None else (_check_int("batch", batch), 1, height, width)
+    shape = (height, width) if batch is None else (check_int("batch", batch), 1, height, width)
     g = torch.Generator().manual_seed(seed)
     return (torch.rand(shape, generator=g) < p).to(dtype)
 
@@ -89,8 +73,8 @@ def random_crops(
         raise TypeError(f"mask must be a torch.Tensor of shape (H, W), got {type(mask).__name__}")
     if mask.ndim != 2:
         raise ValueError(f"mask must have shape (H, W), got shape {tuple(mask.shape)}")
-    h, w = _size_pair(size)
-    _check_int("batch", batch)
+    h, w = size_pair(size)
+    check_int("batch", batch)
     _check_crop(mask, h, w)
     H, W = mask.shape
     top = torch.randint(H - h + 1, (batch,), generator=generator)
@@ -110,7 +94,7 @@ def center_crop(mask: torch.Tensor, size) -> torch.Tensor:
         raise TypeError(f"mask must be a torch.Tensor of shape (..., H, W), got {type(mask).__name__}")
     if mask.ndim < 2:
         raise ValueError(f"mask must have shape (..., H, W), got shape {tuple(mask.shape)}")
-    h, w = _size_pair(size)
+    h, w = size_pair(size)
     _check_crop(mask, h, w)
     top, left = (mask.shape[-2] - h) // 2, (mask.shape[-1] - w) // 2
     return mask[..., top:top + h, left:left + w]

@@ -1,4 +1,4 @@
-"""Backend interface, dispersion geometry and output allocation.
+"""Backend interface and output allocation.
 
 A backend computes the two kernels of the shift-sum operator with the
 dispersion along the **last** axis (the operator transposes for ``axis="h"``):
@@ -8,55 +8,20 @@ dispersion along the **last** axis (the operator transposes for ``axis="h"``):
 
 with d_c = k_c + f_c (k_c integer, 0 ≤ f_c < 1) the offset of band c.
 x is (B, C, H, W), the mask (Bm, Cm, H, W) with Bm ∈ {1, B}, Cm ∈ {1, C},
-y is (B, 1, H, W + Δ), Δ = ceil(max d).
+y is (B, 1, H, W + Δ), Δ = ceil(max d); the geometry is :class:`cassi.geometry.Geometry`.
 """
 from __future__ import annotations
 
 import ctypes
 import sys
-from dataclasses import dataclass
 
 import torch
+
+from cassi.geometry import Geometry
 
 
 class UnsupportedGeometry(ValueError):
     """A backend cannot compute this geometry (e.g. fractional offsets)."""
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Per-band offsets split into integer and fractional parts.
-
-    ``shifts[c] = floor(d_c)``, ``fracs[c] = d_c - floor(d_c)`` in [0, 1),
-    ``width`` is W (the dispersed axis of x), ``delta`` = ceil(max d).
-    """
-
-    shifts: tuple[int, ...]
-    fracs: tuple[float, ...]
-    width: int
-    delta: int
-
-    @property
-    def bands(self) -> int:
-        return len(self.shifts)
-
-    @property
-    def integer(self) -> bool:
-        return not any(self.fracs)
-
-    @property
-    def step(self) -> int | None:
-        """The integer step S if d_c = c·S for every band, else None."""
-        if not self.integer:
-            return None
-        s = self.shifts[1] - self.shifts[0] if self.bands > 1 else 1
-        if s <= 0 or any(k != c * s for c, k in enumerate(self.shifts)):
-            return None
-        return s
-
-    @property
-    def out_width(self) -> int:
-        return self.width + self.delta
 
 
 class Backend:

@@ -1,4 +1,4 @@
-"""The numba kernels of ``backend="numba"`` (imported on first use by ``cassi.backends.numba``).
+"""The numba kernels of ``backend="numba"`` (imported on first use by ``cassi.physics.backends.numba``).
 
 Two layouts, both with the inner loop over contiguous memory:
 

@@ -23,7 +23,7 @@ two passes (u first, then x).
   (``_streams``), which skip reading x's lines before writing them; a cache-sized x (a solver's cube) is written
   through the cache, where its next step reads it.
 * Compilation: a few seconds per dtype and layout on first use; ``cache=True`` keeps the machine
-  code on disk (``cassi/backends/__pycache__``, or ``NUMBA_CACHE_DIR``), so a later process loads
+  code on disk (``cassi/physics/backends/__pycache__``, or ``NUMBA_CACHE_DIR``), so a later process loads
   it instead of compiling. ``import cassi`` does not import numba: the kernels are imported on the
   first call.
 """
@@ -36,7 +36,7 @@ from functools import lru_cache
 
 import torch
 
-from cassi.backends.base import Backend, UnsupportedGeometry, empty
+from cassi.physics.backends.base import Backend, UnsupportedGeometry, empty
 
 DTYPES = (torch.float32, torch.float64)
 _LOCK = threading.Lock()
@@ -64,7 +64,7 @@ def _kernels():
 
     if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
         numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
-    from cassi.backends import _numba_kernels
+    from cassi.physics.backends import _numba_kernels
 
     threads = torch.get_num_threads()
     numba.get_num_threads()  # starts the layer, which sets the shared OpenMP runtime to numba's pool size:

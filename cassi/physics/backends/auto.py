@@ -7,7 +7,8 @@ import time
 import torch
 
 from cassi import threads
-from cassi.backends.base import Backend, Geometry, UnsupportedGeometry
+from cassi.geometry import Geometry
+from cassi.physics.backends.base import Backend, UnsupportedGeometry
 
 log = logging.getLogger("cassi")
 
@@ -30,7 +31,7 @@ class AutoBackend(Backend):
     rejected: dict = {}  # key -> {candidate name: why it was dropped}
 
     def __init__(self, candidates=DEFAULT_CANDIDATES, repeats: int = 3):
-        from cassi.backends import get_backend
+        from cassi.physics.backends import get_backend
 
         self.candidates = tuple(get_backend(c) for c in candidates)
         if not self.candidates or any(isinstance(c, AutoBackend) for c in self.candidates):
@@ -135,11 +136,11 @@ def verify(cand: Backend, x: torch.Tensor, mask: torch.Tensor, g: Geometry, rows
     (fresh, into NaN-filled ``out=`` buffers, and the step in place, out = z) and pinv are compared with
     ``loop`` in float64 on CPU (``tolerance``, relative to the largest value), and ⟨A x, y⟩ with ⟨x, Aᵀ y⟩.
     """
-    from cassi.backends.loop import LoopBackend
+    from cassi.physics.backends.loop import LoopBackend
 
     B, C = min(x.shape[0], 2), g.bands
     W = min(g.width, 2 * g.delta + 5)
-    gs = Geometry(g.shifts, g.fracs, W, g.delta)
+    gs = g.with_width(W)
     transposed = x.stride(-1) != 1
     gen = torch.Generator().manual_seed(seed)
 

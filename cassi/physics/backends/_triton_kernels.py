@@ -1,4 +1,4 @@
-"""Triton kernels of the ``triton`` backend (see cassi/backends/triton.py for the design).
+"""Triton kernels of the ``triton`` backend (see cassi/physics/backends/triton.py for the design).
 
 Imported only when a kernel first runs: ``import cassi`` must not import triton. Each kernel takes
 explicit strides; ``I64`` switches index arithmetic to 64 bits, ``ACC`` is the accumulation dtype.

@@ -3,7 +3,7 @@ from functools import lru_cache
 
 import torch
 
-from cassi.backends.base import Backend, require_integer
+from cassi.physics.backends.base import Backend, require_integer
 
 
 @lru_cache(maxsize=64)

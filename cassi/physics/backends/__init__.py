@@ -4,17 +4,18 @@ Every backend computes the same operator (see ``base``); they differ only in
 speed and in which geometries/devices they support. ``auto`` times the
 candidates once per (device, dtype, shapes, geometry) and keeps the fastest.
 """
-from cassi.backends.auto import AutoBackend
-from cassi.backends.base import Backend, Geometry, UnsupportedGeometry
-from cassi.backends.compiled import CompiledBackend
-from cassi.backends.conv import ConvBackend
-from cassi.backends.fft import FFTBackend
-from cassi.backends.fold import FoldBackend
-from cassi.backends.loop import LoopBackend
-from cassi.backends.numba import NumbaBackend
-from cassi.backends.scatter import ScatterBackend
-from cassi.backends.strided import StridedBackend
-from cassi.backends.triton import TritonBackend
+from cassi.geometry import Geometry
+from cassi.physics.backends.auto import AutoBackend
+from cassi.physics.backends.base import Backend, UnsupportedGeometry
+from cassi.physics.backends.compiled import CompiledBackend
+from cassi.physics.backends.conv import ConvBackend
+from cassi.physics.backends.fft import FFTBackend
+from cassi.physics.backends.fold import FoldBackend
+from cassi.physics.backends.loop import LoopBackend
+from cassi.physics.backends.numba import NumbaBackend
+from cassi.physics.backends.scatter import ScatterBackend
+from cassi.physics.backends.strided import StridedBackend
+from cassi.physics.backends.triton import TritonBackend
 
 BACKENDS: dict[str, type[Backend]] = {
     b.name: b

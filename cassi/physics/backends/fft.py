@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import torch
 
-from cassi.backends.base import Backend
+from cassi.physics.backends.base import Backend
 
 
 @lru_cache(maxsize=64)

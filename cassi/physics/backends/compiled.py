@@ -8,7 +8,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from cassi.backends.base import Backend
+from cassi.physics.backends.base import Backend
 
 
 def _gather_forward(x, mask, g):

@@ -1,7 +1,7 @@
 """Reference backend: the seed's for-loop over bands (slice-add), generalised."""
 import torch
 
-from cassi.backends.base import Backend
+from cassi.physics.backends.base import Backend
 
 
 class LoopBackend(Backend):

@@ -11,7 +11,7 @@ Data step: x = z + Aᵀ(w ⊙ (y − A z)) with the final add fused into the adj
 """
 import torch
 
-from cassi.backends.base import Backend, empty
+from cassi.physics.backends.base import Backend, empty
 
 #: bytes of y per row block of the forward: fits a 2 MB L2 with room for the x rows streaming
 #: through. On the dev machine (L3 260 MB) 1.3 MB blocks cut fractional A by ~20 % and leave

@@ -1,7 +1,7 @@
 """F.fold / F.unfold with kernel (1, C) and dilation (1, S): exactly the shift-sum (seed 004)."""
 import torch.nn.functional as F
 
-from cassi.backends.base import Backend, UnsupportedGeometry
+from cassi.physics.backends.base import Backend, UnsupportedGeometry
 
 
 class FoldBackend(Backend):

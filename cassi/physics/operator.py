@@ -16,17 +16,15 @@ offsets). Because A Aᵀ has non-negative entries, diag(Φ) ⪰ A Aᵀ, so
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from cassi.backends import Backend, Geometry, get_backend
-from cassi.backends.loop import LoopBackend
-
-_SNAP = 1e-6  # offsets this close to an integer are taken as that integer
+from cassi.geometry import Geometry
+from cassi.physics.backends import Backend, get_backend
+from cassi.physics.backends.loop import LoopBackend
 
 
 def _as_tensor(mask) -> torch.Tensor:
@@ -39,32 +37,6 @@ def _as_tensor(mask) -> torch.Tensor:
     if not mask.is_floating_point():
         mask = mask.to(torch.get_default_dtype())
     return mask.detach()
-
-
-def _offsets(bands: int | None, step, offsets, ndim_bands: int | None) -> list[float]:
-    """Per-band offsets in pixels, normalised so that the smallest is 0."""
-    if offsets is not None:
-        if step is not None:
-            raise ValueError("give either step= or offsets=, not both")
-        offs = [float(o) for o in (offsets.tolist() if hasattr(offsets, "tolist") else offsets)]
-        if not all(math.isfinite(o) for o in offs):
-            raise ValueError(f"offsets must be finite, got {offs}")
-        for n, source in ((ndim_bands, "the mask has "), (bands, "bands=")):
-            if n is not None and len(offs) != n:
-                raise ValueError(f"offsets has length {len(offs)} but {source}{n}")
-        if not offs:
-            raise ValueError("offsets must not be empty")
-    else:
-        n = ndim_bands if ndim_bands is not None else bands
-        if n is None:
-            raise ValueError("a 2-D mask (H, W) needs bands= (or offsets=) to know the number of bands")
-        step = 2.0 if step is None else step
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) or step <= 0:
-            raise ValueError(f"step must be a finite number > 0 (pixels per band), got {step!r}")
-        offs = [c * float(step) for c in range(n)]
-    lo = min(offs)
-    offs = [o - lo for o in offs]
-    return [float(round(o)) if abs(o - round(o)) < _SNAP else o for o in offs]
 
 
 class _Apply(torch.autograd.Function):
@@ -120,16 +92,17 @@ class CASSI(nn.Module):
         offsets: per-band dispersion d_c in pixels (any order, fractional allowed),
             normalised so that min(d) = 0. Exclusive with ``step``.
         axis: "w" (dispersion along width, default) or "h" (along height).
-        backend: a name from ``cassi.backends.BACKENDS`` or a ``Backend`` instance.
+        backend: a name from ``cassi.physics.backends.BACKENDS`` or a ``Backend`` instance.
+        geometry: a :class:`cassi.geometry.Geometry` instead of ``step``/``offsets``/``axis`` (e.g. a camera's).
 
     Shapes: x (B, C, H, W); y (B, 1, H, W+Δ) for axis "w", (B, 1, H+Δ, W) for "h",
-    Δ = ceil(max d). ``op(x)`` = A x, ``op.adjoint(y)`` = Aᵀ y, ``op.pinv(y)`` = Aᵀ(y ⊘ Φ).
+    Δ = ceil(max d) (``op.geometry``: offsets, axis, Δ). ``op(x)`` = A x, ``op.adjoint(y)`` = Aᵀ y, ``op.pinv(y)`` = Aᵀ(y ⊘ Φ).
     All maps return fresh tensors or write into ``out=``; they are differentiable.
     """
 
     def __init__(self, mask, bands: int | None = None, step: float | None = None,
-                 offsets: Sequence[float] | None = None, axis: str = "w",
-                 backend: str | Backend = "auto"):
+                 offsets: Sequence[float] | None = None, axis: str | None = None,
+                 backend: str | Backend = "auto", geometry: Geometry | None = None):
         super().__init__()
         m = _as_tensor(mask)
         if bands is not None and (isinstance(bands, bool) or not isinstance(bands, int) or bands < 1):
@@ -152,19 +125,9 @@ class CASSI(nn.Module):
             raise ValueError("mask contains NaN or Inf values")
         if not m.any():
             raise ValueError(f"mask is all zeros (shape {tuple(m.shape)}): nothing reaches the detector")
-        if axis not in ("w", "h"):
-            raise ValueError(f"axis must be 'w' or 'h', got {axis!r}")
-        self.offsets = _offsets(bands, step, offsets, mask_bands)
-        self.bands = len(self.offsets)
-        self.axis = axis
-        self.delta = math.ceil(max(self.offsets))
-        shifts = tuple(math.floor(o) for o in self.offsets)
-        self.geometry = Geometry(
-            shifts=shifts,
-            fracs=tuple(o - k for o, k in zip(self.offsets, shifts)),
-            width=m.shape[-1] if axis == "w" else m.shape[-2],
-            delta=self.delta,
-        )
+        geometry = self._geometry(geometry, bands if mask_bands is None else mask_bands, step, offsets, axis,
+                                  mask_bands)
+        self.geometry = geometry.with_width(geometry.along(m.shape))
         self.backend = get_backend(backend)
         self.backend.check(self.geometry, None)
         self._checked: set = set()
@@ -175,7 +138,42 @@ class CASSI(nn.Module):
         self.register_buffer("phi", self._t(phi).to(m.dtype).contiguous())
         self.register_buffer("phi_inv", torch.where(self.phi > 0, 1 / self.phi, torch.zeros_like(self.phi)))
 
+    @staticmethod
+    def _geometry(geometry, bands, step, offsets, axis, mask_bands) -> Geometry:
+        """The dispersion: ``geometry`` as given, or one of ``step`` (default 2) / ``offsets`` along ``axis``."""
+        if geometry is not None:
+            if step is not None or offsets is not None or axis not in (None, geometry.axis):
+                raise ValueError("geometry= replaces step=, offsets= and axis=: give none of them with it")
+            if bands is not None and bands != geometry.bands:
+                raise ValueError(f"the geometry has {geometry.bands} bands but the mask or bands= has {bands}")
+            return geometry
+        if offsets is not None and mask_bands is not None and len(offsets) != mask_bands:
+            raise ValueError(f"offsets has length {len(offsets)} but the mask has {mask_bands}")
+        if offsets is None and bands is None:
+            raise ValueError("a 2-D mask (H, W) needs bands= (or offsets=) to know the number of bands")
+        return Geometry.of(bands, 2.0 if step is None and offsets is None else step, offsets, axis or "w")
+
     # ------------------------------------------------------------------ shapes
+    @property
+    def offsets(self) -> list[float]:
+        """d_c in px, min d = 0 (the geometry's)."""
+        return list(self.geometry.offsets)
+
+    @property
+    def bands(self) -> int:
+        """C."""
+        return self.geometry.bands
+
+    @property
+    def axis(self) -> str:
+        """"w" or "h": the dispersion axis."""
+        return self.geometry.axis
+
+    @property
+    def delta(self) -> int:
+        """Δ = ceil(max d): how much longer y is than x along the axis (the geometry's)."""
+        return self.geometry.delta
+
     @property
     def x_shape(self) -> tuple[int, int, int]:
         """(C, H, W) of a cube."""
@@ -184,8 +182,7 @@ class CASSI(nn.Module):
     @property
     def y_shape(self) -> tuple[int, int, int]:
         """(1, H, W+Δ) or (1, H+Δ, W) of a measurement."""
-        H, W = self.mask.shape[-2:]
-        return (1, H, W + self.delta) if self.axis == "w" else (1, H + self.delta, W)
+        return (1, *self.geometry.measurement_shape(self.mask.shape))
 
     def _t(self, t: torch.Tensor) -> torch.Tensor:
         """View with the dispersed axis last."""

@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import torch
 
-from cassi.backends.base import Backend, UnsupportedGeometry, empty
+from cassi.physics.backends.base import Backend, UnsupportedGeometry, empty
 
 #: (BLOCK_H, BLOCK_W, num_warps) candidates timed on a GPU
 CONFIGS = ((1, 128, 4), (1, 256, 4), (2, 256, 4), (1, 512, 4), (4, 128, 4), (2, 512, 8), (4, 256, 8))
@@ -42,7 +42,7 @@ def _interpret() -> bool:
 @lru_cache(maxsize=1)
 def _kernels():
     """(fwd, adj, step): imported on first use, so that ``import cassi`` does not import triton."""
-    from cassi.backends import _triton_kernels as k
+    from cassi.physics.backends import _triton_kernels as k
 
     return k.fwd, k.adj, k.step
 

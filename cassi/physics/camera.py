@@ -3,18 +3,19 @@
 
     cam = Camera(mask="mask.mat", masks="crops", bands=28, wavelengths="tsa", step=2, noise={"photons": 3413})
     cam.check(frame=(256, 256))       # one clear line for a bad spec, before any work
-    sim = cam.simulator()             # cassi.data.simulate.Simulator: masks, geometry, noise
+    sim = cam.simulator()             # cassi.physics.simulate.Simulator: masks, geometry, noise
+    op = cam.operator(mask)           # cassi.CASSI through which a reconstruction sees the same geometry
 
 The mask is a file (any format :mod:`cassi.io` reads; it may be larger than the frame) or generated. ``masks`` says
 how training scenes meet it: "fixed" (the mask, centre-cropped to the scene), "crops" (random windows of it, as
 real-data training does), "bernoulli" (a fresh Bernoulli(``fill``) mask per sample) or "blocks" (random binary
 blocks of ``block`` px, fill ``fill``). Validation and test use the centre crop of a file's mask, or fresh seeded
 masks of the same kind. The noise: shot noise of ``photons`` at y = 1 (and ``bit_depth``), then Gaussian
-``sigma``; all None is noiseless. Imports torch only.
+``sigma``; all None is noiseless. The dispersion is one :class:`cassi.geometry.Geometry` (``cam.geometry``) that
+the simulator and the operator share.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
@@ -22,9 +23,10 @@ from typing import Sequence
 import torch
 
 from cassi import io
-from cassi.data.datasets import _wavelengths
-from cassi.data.noise import Compose, GaussianNoise, ShotNoise
-from cassi.data.simulate import BernoulliMasks, BlockMasks, FixedMask, MixedMasks, RandomMaskCrops, Simulator, _fill
+from cassi.geometry import Geometry
+from cassi.physics.noise import Compose, GaussianNoise, ShotNoise
+from cassi.physics.operator import CASSI
+from cassi.physics.simulate import BernoulliMasks, BlockMasks, FixedMask, MixedMasks, RandomMaskCrops, Simulator, _fill
 
 __all__ = ["Camera", "simulator", "KINDS"]
 
@@ -43,8 +45,8 @@ class Camera:
         block: the block size (px) of "blocks" masks.
         key: the variable holding the mask in its file (None: the only array).
         bands: C. wavelengths: nm per band, "tsa", "cave" or None.
-        step: dispersion in px per band (fractional allowed); offsets: per-band offsets instead (with step=None);
-            axis: "w" or "h".
+        step: dispersion in px per band (> 0, fractional allowed); offsets: per-band offsets instead (with
+            step=None); axis: "w" or "h". Together ``geometry`` (:meth:`cassi.geometry.Geometry.of`).
         noise: None or {"photons", "bit_depth", "sigma"} (missing or None entries are off).
     """
 
@@ -63,20 +65,18 @@ class Camera:
             raise ValueError(f"camera.fill must be in (0, 1] or a range [lo, hi] within it, got {fill!r}") from None
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"camera.block must be a positive integer (px), got {block!r}")
-        if axis not in ("w", "h"):
-            raise ValueError(f"camera.axis must be 'w' or 'h', got {axis!r}")
         try:
-            self.wavelengths = _wavelengths(wavelengths, bands, "camera.bands says the camera has")
+            self.wavelengths = io.band_wavelengths(wavelengths, bands, "camera.bands says the camera has")
         except ValueError as e:
             raise ValueError(f"camera.wavelengths: {e}") from None
         if offsets is not None:
             if step is not None:  # the operator's config reads both (conf/operator/_base.yaml)
                 raise ValueError(f"camera.offsets replaces camera.step: give camera.step=null with it (got step={step})")
             offsets = [float(o) for o in offsets]
-            if len(offsets) != bands:
-                raise ValueError(f"camera.offsets has {len(offsets)} values but camera.bands={bands}")
-        elif step is None or not isinstance(step, (int, float)) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"camera.step must be a number >= 0 (px per band), or give camera.offsets; got {step!r}")
+        try:
+            self.geometry = Geometry.of(bands, step, offsets, axis)
+        except ValueError as e:
+            raise ValueError(f"camera.{e}") from None
         self.mixture, self.weights = [], []
         if masks == "mixture":
             if not mixture:
@@ -103,12 +103,6 @@ class Camera:
         self._noise = self._noise_model()  # checks the values
 
     # ------------------------------------------------------------------ parts
-    @property
-    def delta(self) -> int:
-        """Δ = ceil(max offset − min offset): how far the bands spread on the detector (px)."""
-        offs = self.offsets if self.offsets is not None else [c * self.step for c in range(self.bands)]
-        return math.ceil(max(offs) - min(offs))
-
     def _noise_model(self):
         parts = []
         if "photons" in self.noise:
@@ -145,13 +139,13 @@ class Camera:
         if shape is not None and (shape[-2] < h or shape[-1] < w):
             raise ValueError(f"camera.mask {self.mask} is {shape[-2]}×{shape[-1]}, smaller than the {h}×{w} scenes; "
                              f"use a larger mask or smaller scenes")
-        span = w if self.axis == "w" else h
-        if self.delta >= span:
-            raise ValueError(f"camera.step/offsets spread the {self.bands} bands over {self.delta} px along "
+        span, delta = self.geometry.along(frame), self.geometry.delta
+        if delta >= span:
+            raise ValueError(f"camera.step/offsets spread the {self.bands} bands over {delta} px along "
                              f"{self.axis!r}, not less than the {span}-px frame: y would hold no whole band")
 
     def sources(self):
-        """(training mask source, evaluation mask source) for :class:`cassi.data.simulate.Simulator`."""
+        """(training mask source, evaluation mask source) for :class:`cassi.physics.simulate.Simulator`."""
         if self.masks == "mixture":
             parts = [part.sources() for part in self.mixture]
             return (MixedMasks([t for t, _ in parts], self.weights), MixedMasks([e for _, e in parts], self.weights))
@@ -169,6 +163,11 @@ class Camera:
         train, evaluate = self.sources()
         return Simulator(train, bands=self.bands, step=self.step, offsets=self.offsets, axis=self.axis,
                          backend=backend, noise=self._noise, eval_masks=evaluate)
+
+    def operator(self, mask, backend="auto") -> CASSI:
+        """The operator A_M a reconstruction inverts for ``mask`` (H, W), (C, H, W) or (B, 1|C, H, W): this camera's
+        geometry, the same as its simulator's."""
+        return CASSI(mask, backend=backend, geometry=self.geometry)
 
     def __repr__(self) -> str:
         geo = f"offsets={self.offsets}" if self.offsets is not None else f"step={self.step}"

@@ -16,9 +16,10 @@ from typing import Callable, Sequence
 import torch
 
 from cassi import io
-from cassi.data.masks import center_crop, mask_stats, random_crops, segment_hashes
-from cassi.data.noise import Compose
-from cassi.operator import CASSI
+from cassi.geometry import Geometry
+from cassi.physics.masks import center_crop, mask_stats, random_crops, segment_hashes
+from cassi.physics.noise import Compose
+from cassi.physics.operator import CASSI
 
 __all__ = ["FixedMask", "RandomMaskCrops", "BernoulliMasks", "BlockMasks", "MixedMasks", "Simulator"]
 
@@ -186,7 +187,8 @@ class Simulator:
             training on random crops of a real mask and evaluating on its fixed center crop.
         bands: expected C (checked against x when given).
         step, offsets, axis, backend: the ``cassi.CASSI`` geometry (``step`` is ignored
-            when ``offsets`` is given).
+            when ``offsets`` is given): ``geometry``, a :class:`cassi.geometry.Geometry` (None while the band
+            count of a step is not known: then one per batch).
         noise: a callable ``noise(y, generator=None)`` or a list of them (applied in order).
 
     ``__call__(batch, generator=None, training=True)`` returns a new dict (masks from ``eval_masks``
@@ -203,14 +205,20 @@ class Simulator:
             eval_masks if callable(eval_masks) else FixedMask(eval_masks))
         self.bands, self.axis, self.backend = bands, axis, backend
         self.offsets = None if offsets is None else [float(o) for o in offsets]
-        self.step = None if offsets is not None else step
+        self.step = None if offsets is not None else (2 if step is None else step)  # the operator's default
+        known = bands is not None or offsets is not None
+        self.geometry = Geometry.of(bands, self.step, self.offsets, axis) if known else None
         self.noise = Compose(noise) if isinstance(noise, Sequence) else noise
 
     def operator(self, mask: torch.Tensor, bands: int | None = None) -> CASSI:
         """``cassi.CASSI`` of this geometry for masks (B, 1|C, H, W); an expanded mask
         (the same for all samples) gives one operator of batch 1 that broadcasts."""
-        return CASSI(mask, bands=bands or self.bands, step=self.step, offsets=self.offsets,
-                     axis=self.axis, backend=self.backend)
+        geometry = self.geometry
+        if bands is not None and (geometry is None or bands != geometry.bands):
+            geometry = Geometry.of(bands, self.step, self.offsets, self.axis)
+        if geometry is None:  # a step, and the band count of a per-band mask
+            return CASSI(mask, step=self.step, axis=self.axis, backend=self.backend)
+        return CASSI(mask, backend=self.backend, geometry=geometry)
 
     def __call__(self, batch: dict, generator: torch.Generator | None = None, training: bool = True) -> dict:
         x = batch["x"]

@@ -4,7 +4,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from cassi.backends.base import Backend
+from cassi.physics.backends.base import Backend
 
 
 @lru_cache(maxsize=64)
