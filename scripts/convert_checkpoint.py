@@ -2,6 +2,7 @@
 
     python scripts/convert_checkpoint.py source=mst method=mst_s weights=mst_s.pth out=mst_s.ckpt
     python scripts/convert_checkpoint.py source=dpu method=dpu_9stg weights=model_9stg.pkl out=dpu_9stg.ckpt
+    python scripts/convert_checkpoint.py source=ssr method=ssr_l weights=model_L.pkl out=ssr_l.ckpt
 
 The result loads with ``cassi.models.load_model(out)`` and ``ckpt=<out>`` in every script
 (conf/convert_checkpoint.yaml lists the methods; cassi.models.zoo holds the architectures).
@@ -13,7 +14,7 @@ from omegaconf import DictConfig
 
 from cassi.models.zoo import METHODS, convert
 
-SOURCES = ("mst", "dpu")
+SOURCES = ("mst", "dpu", "ssr", "saunet")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="convert_checkpoint")

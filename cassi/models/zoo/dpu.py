@@ -4,10 +4,10 @@ ZhangJC-2k/DPU, MIT licence): methods ``dpu_5stg`` and ``dpu_9stg``, converted w
 ``python scripts/convert_checkpoint.py source=dpu method=dpu_9stg weights=model_9stg.pkl out=dpu_9stg.ckpt``.
 
 DPU works in the scene frame (B, C, H, W). From the operator it takes the 3-D mask Φ (unshifted, one map per
-band), the mask placed at each band's offset Φ⃗ (B, C, H, W+Δ), Φ_s = Σ_c Φ⃗_c² (zeros set to 1), and the
-"compressed mask" P: Σ_c Φ⃗_c·2/C cut back under every band. The raw measurement y is normalised inside
-(y·2/C cut back under every band: f₀). Then, with the dual variable u₀ = 0 and r₀ = 0 (the ADMM-like unfolding of
-the paper, "/" per sample):
+band), the mask placed at each band's offset Φ⃗ (B, C, H, W+Δ), Φ_s = Σ_c Φ⃗_c² (zeros set to 1; summed here
+as the authors sum it, not taken from the operator), and the "compressed mask" P: Σ_c Φ⃗_c·2/C cut back under
+every band. The raw measurement y is normalised inside (y·2/C cut back under every band: f₀). Then, with the dual
+variable u₀ = 0 and r₀ = 0 (the ADMM-like unfolding of the paper, "/" per sample):
 
     f = fuse([f₀, Φ]);  z_prev = f
     stage k:  μ = step_k(f)                                  a per-sample step (B, 1, 1, 1)
@@ -28,8 +28,9 @@ of q or k plus a learned offset), and the softmax is kept only where s·g > θ, 
 from the scores without their diagonal by two small linear maps (``sim > θ`` as a hard 0/1 mask, with no
 renormalisation; the threshold's two maps get no gradient through the comparison, so training leaves them as
 initialised, in the authors' code too). Because that mask is discontinuous, every operation up to it follows the
-authors' order and precision: the same ops on the same layouts, so that float32 on the CPU gives their values bit
-for bit (in any other precision, e.g. bf16 autocast, both compare in that precision alike).
+authors' order and precision, the inputs derived from the mask included: the same ops on the same layouts, so
+that float32 on the CPU gives their values bit for bit (in any other precision, e.g. bf16 autocast, both compare
+in that precision alike).
 
 Beyond the authors' code (which fixes 28 bands, step 2, and a frame that is a multiple of 32 after padding to 16):
 any band count (``bands``), any width (``dim``, the q/k and per-head channels), any frame size (the image prior
@@ -50,7 +51,7 @@ from torch.utils.checkpoint import checkpoint
 from cassi._checks import check_positive_int
 from cassi.models.unrolled import _config
 from cassi.models.zoo.dauhst import _reflect_pad
-from cassi.models.zoo.toolbox import (ToolboxModel, dispersed_last, integer_offsets, mask3d, phi_s, register_method,
+from cassi.models.zoo.toolbox import (ToolboxModel, dispersed_last, integer_offsets, mask3d, register_method,
                                       roll_bands, shifted_mask, undo)
 from cassi.registry import register
 
@@ -75,6 +76,15 @@ def _place(v: torch.Tensor, offs: list[int], delta: int) -> torch.Tensor:
     """Band c of v moved to columns d_c … d_c + W − 1 of a zero frame of width W + Δ (the authors' pad and
     roll): (B, C, H, W) -> (B, C, H, W + Δ)."""
     return roll_bands(F.pad(v, (0, delta)), offs, 1)
+
+
+def _phi_s(shifted: torch.Tensor) -> torch.Tensor:
+    """Φ_s = Σ_c Φ⃗_c² (1 where it is 0) of the placed mask (1|B, C, H, W') -> (1|B, 1, H, W'), summed over the
+    bands in the mask's own precision, as the authors' data script sums it. The operator's Φ (summed in float64,
+    :func:`~cassi.models.zoo.toolbox.phi_s`) differs from it in the last bit where the mask is not 0/1, and the
+    attention's threshold turns such a bit into a visible change (1.4e-4 of the peak at the authors' test frame)."""
+    s = shifted.square().sum(dim=1, keepdim=True)
+    return torch.where(s == 0, torch.ones_like(s), s)
 
 
 def _trunc_normal(t: torch.Tensor, std: float) -> torch.Tensor:
@@ -349,7 +359,7 @@ class DPU(ToolboxModel):
         n = yd.shape[-1] - op.delta
         phi = dispersed_last(op, mask3d(op)).to(y.dtype)  # (1|B, C, H, W)
         shifted = dispersed_last(op, shifted_mask(op)).to(y.dtype)  # (1|B, C, H, W')
-        phis = dispersed_last(op, phi_s(op)).to(y.dtype)  # (1|B, 1, H, W')
+        phis = _phi_s(shifted)  # (1|B, 1, H, W')
         compressed = _cut_back(shifted.sum(dim=1, keepdim=True) / C * 2, offs, n)
         masks = torch.cat([phi.expand_as(compressed), compressed], dim=1)
         f0 = _cut_back(yd / C * 2, offs, n)
