@@ -8,7 +8,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
 
-.PHONY: demo test bench docs venv clean
+.PHONY: demo test bench docs venv clean content
 
 venv: $(VENV)/.installed
 
@@ -38,6 +38,11 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q -n auto $(ARGS)
+
+# training content beyond CAVE (measured spectra, photographs) from PyPI and Debian into data/content, once
+# (docs/datasets.md#content-beyond-cave-python-scriptsfetch_contentpy); ARGS: e.g. "sources=[earthlib,skimage]"
+content: venv
+	$(PY) scripts/fetch_content.py $(ARGS)
 
 bench: venv
 	$(PY) scripts/benchmark.py $(ARGS)

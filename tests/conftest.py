@@ -100,3 +100,52 @@ def pytest_collection_modifyitems(config, items):
             d.scope in ("function", "session") for ds in defs.values() for d in ds)
 
     items[:] = [i for i in items if movable(i)] + [i for i in items if not movable(i)]
+
+
+# ----------------------------------------------------------------------------- content beyond CAVE, stood in
+
+def _record(folder: Path, name: str) -> None:
+    import json
+
+    (folder / "SOURCE.json").write_text(json.dumps({"source": name, "files": {}}))
+
+
+@pytest.fixture(scope="session")
+def content(tmp_path_factory):
+    """A content root with stand-ins: earthlib (an ENVI library of 3 spectra in micrometres), psychtoolbox (two
+    sets, one uint16 scaled by 4096), skimage (two colour photographs, one grey texture), mate (two photographs)."""
+    import numpy as np
+    from PIL import Image
+    from scipy.io import savemat
+
+    root = tmp_path_factory.mktemp("content")
+    el = root / "earthlib"
+    el.mkdir()
+    wl_um = np.arange(0.40, 0.80, 0.01)
+    values = np.stack([np.full(len(wl_um), 0.2), np.linspace(0.1, 0.9, len(wl_um)), np.full(len(wl_um), 0.6)])
+    values.astype("<f4").tofile(el / "spectra.sli")
+    (el / "spectra.sli.hdr").write_text(
+        "ENVI\nsamples = %d\nlines = 3\nbands = 1\ndata type = 4\nbyte order = 0\n"
+        "spectra names = { a , b , c }\nwavelength units = Micrometers\nwavelength = { %s }\n"
+        % (len(wl_um), " , ".join(f"{w:.2f}" for w in wl_um)))
+    _record(el, "earthlib")
+    ptb = root / "psychtoolbox"
+    ptb.mkdir()
+    for name in ("nickerson", "vrhel", "krinov", "macbeth"):
+        savemat(ptb / f"sur_{name}.mat", {f"sur_{name}": np.full((81, 2), 0.5), f"S_{name}": np.array([[380, 5, 81]])})
+    savemat(ptb / "sur_koivisto.mat", {"sur_koivisto": np.full((61, 1), 2048, np.uint16),
+                                       "S_koivisto": np.array([[400, 5, 61]], np.uint16)})
+    _record(ptb, "psychtoolbox")
+    g = np.random.default_rng(0)
+    sk = root / "skimage"
+    sk.mkdir()
+    for name in ("astronaut.png", "coffee.png"):
+        Image.fromarray((g.random((48, 64, 3)) * 255).astype(np.uint8)).save(sk / name)
+    Image.fromarray((g.random((40, 40)) * 255).astype(np.uint8)).save(sk / "brick.png")
+    _record(sk, "skimage")
+    mate = root / "mate"
+    mate.mkdir()
+    for name in ("Wood.jpg", "LadyBird.jpg"):
+        Image.fromarray((g.random((50, 70, 3)) * 255).astype(np.uint8)).save(mate / name)
+    _record(mate, "mate")
+    return root

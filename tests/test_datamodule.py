@@ -256,7 +256,10 @@ def test_every_data_config_instantiates(name, tmp_path, request):
     overrides = []
     if name.startswith(("shared", "real", "measurements", "cave_train", "cave_real", "cave_val", "cave_refine")):
         overrides.append(f"+paths.shared_data={request.getfixturevalue('shared_data')}")
-    if name in ("cave_refine", "cave_real", "synthetic_refine", "chart_refine"):  # GAP-TV's training reconstructions are kept in the run folder
+    if name in ("content_refine", "leaves", "photos"):  # generated scenes: stand-in content (tests/conftest.py)
+        overrides += [f"+paths.content={request.getfixturevalue('content')}",
+                      f"+paths.shared_data={request.getfixturevalue('shared_data')}"]
+    if name in ("cave_refine", "content_refine", "cave_real", "synthetic_refine", "chart_refine"):  # GAP-TV's training reconstructions are kept in the run folder
         overrides.append(f"+paths.output_dir={tmp_path}")
     if name == "measurements":
         overrides += ["data.predict.entries=${paths.shared_data}/real/tsa_real_scene1.mat",

@@ -54,6 +54,7 @@ SCRIPTS = {
     "benchmark_zoo.py": "compose",
     "benchmark_shared.py": "compose",
     "fit_camera.py": "compose",
+    "fetch_content.py": "compose",
     "collect.py": "keys",
 }
 # Scripts a documented command may name without being checked here, and why.
