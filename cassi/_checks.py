@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 
 
 def check_number(name: str, value, positive: bool = True, below: float | None = None) -> float:
@@ -38,3 +39,16 @@ def size_pair(size) -> tuple[int, int]:
         return check_int("size[0]", h), check_int("size[1]", w)
     except (TypeError, ValueError) as err:
         raise type(err)(f"size must be an int or a pair (h, w) of ints >= 1, got {size!r}") from None
+
+
+def plain(v):
+    """Plain Python data (dicts, lists, numbers, strings) of a constructor argument: sequences and mappings of
+    any type (tuples, Hydra's ListConfig/DictConfig) become lists and dicts, so that a checkpoint holding
+    the config loads with ``torch.load(weights_only=True)``."""
+    if v is None or isinstance(v, (str, bytes, bool, int, float)):
+        return v
+    if isinstance(v, Mapping):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, Iterable):
+        return [plain(x) for x in v]
+    return v

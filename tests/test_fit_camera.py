@@ -98,7 +98,7 @@ def fake_runs(monkeypatch, stage1_minutes=30):
         if script == "train.py":  # what a run writes: the pool's count, then a validation per epoch
             run = Path(get["hydra.run.dir"])
             (run / "logs" / "version_0").mkdir(parents=True, exist_ok=True)
-            log.write_text("[…][cassi.models.refine][INFO] - first iterates: 76/768 scenes, 3.4 min\n")
+            log.write_text("[…][cassi.data.first_iterates][INFO] - first iterates: 76/768 scenes, 3.4 min\n")
         first = len(runs) == 1
         for k, minutes in enumerate((10, 10, stage1_minutes - 20 if first else 10)):  # booked at each step
             now[0] += 60 * minutes

@@ -4,7 +4,8 @@ import torch
 
 from cassi import CASSI
 from cassi.data.datasets import SyntheticCubes
-from cassi.models import FirstIterates, Refiner, load_model
+from cassi.data import FirstIterates
+from cassi.models import Refiner, load_model
 from cassi.models.refine import _scale, build_solver
 from cassi.physics.simulate import BernoulliMasks, Simulator
 from cassi.solvers import GAPTV, PseudoInverse
@@ -108,7 +109,8 @@ class Counting:
 def pool(tmp_path=None, solver=PINV, n=3, size=24, patch=8, backend="strided", noise=None, **kw):
     sim = Simulator(BernoulliMasks(0.5), bands=5, step=1, backend=backend, noise=noise)
     return FirstIterates(SyntheticCubes(n, size, size, bands=5, seed=3), sim, solver, patch_size=patch,
-                         samples_per_epoch=10, cache=None if tmp_path is None else tmp_path / "fi.pt", **kw)
+                         samples_per_epoch=10, cache=None if tmp_path is None else tmp_path / "fi.pt",
+                         **{"load": load_model, **kw})
 
 
 def _locate(window, scenes):
@@ -178,7 +180,7 @@ def test_a_pool_through_a_mixture_of_masks_is_found_again_by_a_new_process_and_n
         tmp_path, monkeypatch):
     # the mixture is built anew in every process (fit_camera's stage 2, a resumed run): its sources have no
     # identity to share, only what they draw
-    import cassi.models.refine as refine
+    import cassi.data.first_iterates as refine
     from cassi.physics.simulate import BlockMasks, FixedMask, MixedMasks
 
     monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
@@ -202,7 +204,7 @@ def test_a_pool_through_a_mixture_of_masks_is_found_again_by_a_new_process_and_n
 
 
 def test_cache_spares_the_solver_and_is_rebuilt_when_it_does_not_fit(tmp_path, monkeypatch):
-    import cassi.models.refine as refine
+    import cassi.data.first_iterates as refine
 
     monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
     Counting.calls = 0
@@ -246,7 +248,7 @@ def test_cache_spares_the_solver_and_is_rebuilt_when_it_does_not_fit(tmp_path, m
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, MemoryError, RuntimeError])
 def test_a_stopped_pool_continues_from_its_pieces_and_equals_an_unstopped_one(tmp_path, monkeypatch, stop):
-    import cassi.models.refine as refine
+    import cassi.data.first_iterates as refine
 
     class Stopped(Counting):  # Ctrl-C, or a failure, during the 8th scene
         def __call__(self, op, y):
@@ -289,7 +291,7 @@ def test_a_stopped_pool_continues_from_its_pieces_and_equals_an_unstopped_one(tm
 
 def test_scenes_solved_together_equal_scenes_solved_one_by_one_and_resume_from_pieces(tmp_path, monkeypatch):
     # on a GPU the pool's solver runs on POOL_CHUNK scenes at once; each scene keeps its own mask and noise
-    import cassi.models.refine as refine
+    import cassi.data.first_iterates as refine
 
     one = pool(solver=FAST_TV, n=7).scenes
     monkeypatch.setitem(refine.POOL_CHUNK, "cpu", 3)
@@ -335,6 +337,8 @@ def test_bad_arguments():
         pool(patch=32).prepare()
     with pytest.raises(ValueError, match="needs the 1 before it: give init_weights"):
         pool(stages=2)
+    with pytest.raises(ValueError, match="loads init s1.ckpt: give load"):
+        pool(stages=2, init="s1.ckpt", load=None)
     with pytest.raises(ValueError, match="samples_per_epoch >= 1"):
         pool(patch=0)
     with pytest.raises(IndexError):
@@ -342,7 +346,7 @@ def test_bad_arguments():
 
 
 def test_scenes_of_another_size_fail_before_the_solver_runs_on_them(tmp_path, monkeypatch):
-    import cassi.models.refine as refine
+    import cassi.data.first_iterates as refine
 
     class Mixed(torch.utils.data.Dataset):  # the third scene is larger
         def __len__(self):
@@ -532,7 +536,7 @@ def test_loads_from_a_checkpoint_with_its_solver(tmp_path):
 
 def test_under_ddp_one_process_computes_the_pool_and_the_other_ranks_load_it(tmp_path, monkeypatch):
     """Lightning calls prepare_data on one process per node, then setup on every rank."""
-    import cassi.models.refine as refine
+    import cassi.data.first_iterates as refine
     from cassi.lightning.datamodule import CASSIDataModule
 
     monkeypatch.setattr(refine, "build_solver", lambda spec: Counting())
@@ -655,7 +659,7 @@ def test_init_weights_carries_a_refiner_to_another_camera(tmp_path, caplog):
     old = tiny(mask_input=True)
     path = checkpoint(tmp_path / "w.ckpt", old, {"offsets": [0, 2, 4, 6, 8], "axis": "w", "bands": 5})
     new = Refiner(bands=7, width=4, depth=2, solver=FAST_TV, mask_input=True)
-    with caplog.at_level(logging.INFO, logger="cassi.lightning.training"):
+    with caplog.at_level(logging.INFO, logger="cassi.models.refine"):
         TrainingModule(new, partial(CASSI, bands=7, step=2, axis="h"), init_weights=str(path))
     assert "carried from 5 to 7 bands (by band position: wavelengths not known), dispersion along w to h" in caplog.text
     w_old, w_new = old.priors[0].down[0][0].weight, new.priors[0].down[0][0].weight

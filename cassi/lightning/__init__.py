@@ -1,11 +1,14 @@
-"""Lightning modules and callbacks (the only part of cassi that imports Lightning)."""
+"""Lightning modules, data modules and callbacks: the only part of cassi that imports Lightning (its
+``seed_everything`` re-exported for the workflows above)."""
 import logging as _logging
+
+from lightning.pytorch import seed_everything
 
 from cassi.lightning.datamodule import CASSIDataModule
 from cassi.lightning.module import ReconstructionModule
 from cassi.lightning.training import TrainingModule, warmup_cosine
 
-__all__ = ["CASSIDataModule", "ReconstructionModule", "TrainingModule", "warmup_cosine"]
+__all__ = ["CASSIDataModule", "ReconstructionModule", "TrainingModule", "seed_everything", "warmup_cosine"]
 
 
 class _NoTips(_logging.Filter):

@@ -106,7 +106,7 @@ class CASSIDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """On one process per node (Lightning calls it there first), when fitting: training datasets with a
-        ``prepare()`` (precomputed inputs, e.g. ``cassi.models.FirstIterates``) compute and cache them, so that
+        ``prepare()`` (precomputed inputs, e.g. ``cassi.data.FirstIterates``) compute and cache them, so that
         under DDP the other ranks load the cache in :meth:`setup` instead of each running the solver.
         ``validate``/``test``/``predict`` leave them alone (they never read the training split)."""
         if self.trainer is None or self.trainer.state.fn == TrainerFn.FITTING:
@@ -149,7 +149,7 @@ class CASSIDataModule(L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int = 0):
         """Simulate "mask" and "y" on the batch's device when it has "x" but no "y" (nor a model input
-        "x0" of its own, as ``cassi.models.FirstIterates`` windows have)."""
+        "x0" of its own, as ``cassi.data.FirstIterates`` windows have)."""
         if not isinstance(batch, dict) or "x" not in batch or "y" in batch or "x0" in batch:
             return batch
         if self.simulator is None:

@@ -27,8 +27,6 @@ from cassi.models.camera import describe_camera
 from cassi.models.card import training_record
 from cassi.models.checkpoint import load_model, resolve_checkpoint
 from cassi.models.losses import ReconstructionLoss
-from cassi.models.blocks import widen_state
-from cassi.models.refine import stage_shapes, transfer_weights
 
 log = logging.getLogger(__name__)
 
@@ -113,76 +111,27 @@ class TrainingModule(ReconstructionModule):
                                    "wavelengths": self.wavelengths})
 
     def _init_weights(self, model: nn.Module, config: dict, path: str) -> None:
-        """Copy the weights of the checkpoint ``path`` into ``model`` (ValueError when its model differs). A
-        Refiner may have more stages than the checkpoint's: its first stages start from those (stage-wise
-        training, see ``cassi.models.FirstIterates``), or fewer: it starts from the checkpoint's first stages;
-        and another first-iterate solver, ``project`` or
-        ``flip_ensemble``; and another camera: another band count (its U-Nets' band-wise weights interpolated
-        across wavelength) or dispersion axis (kernels transposed), see ``cassi.models.refine.transfer_weights``."""
+        """Copy the weights of the checkpoint ``path`` into ``model`` (ValueError when its model differs). A model
+        that can start from other weights (other stages, widths, another camera) defines
+        ``load_warm_start(trained, path, axis=, wavelengths=)`` and does it itself, given the checkpoint's model and
+        this run's dispersion axis and nm per band; any other must match the checkpoint's constructor arguments
+        (but ``checkpointing``)."""
         trained = load_model(path)
         model.camera = getattr(trained, "camera", None)  # kept when the run's data record none
-        refiner = type(model).__name__ == "Refiner"  # its first iterate and how stages chain are not in the weights
-        ignore = {"checkpointing"} | ({"project", "solver", "flip_ensemble", "bands", "stages"} if refiner else set())
-        k_have, k_want = trained.config.get("stages", 1), config.get("stages", 1)  # a Refiner's stages there, here
-        state = trained.state_dict()
-        if refiner:
-            state = self._carried(trained, config["bands"], state, path)
-        want = {k: v for k, v in config.items() if k not in ignore}
-        have = {k: v for k, v in trained.config.items() if k not in ignore}
-        wide = narrow = []  # a Refiner's (width, depth) per stage, here and there, over the stages both have
-        if refiner and type(trained) is type(model):  # Refiner U-Nets: stage by stage, over the stages both have
-            shared = min(k_have, k_want)
-            wide, narrow = stage_shapes(config)[:shared], stage_shapes(trained.config)[:shared]
-            for d, shapes in ((want, wide), (have, narrow)):
-                del d["width"], d["depth"]
-                d["depth per stage"] = [depth for _, depth in shapes]
-            # a U-Net may be wider here than there (widened), not narrower
-            want["width per stage (not below the checkpoint's)"] = [w for w, _ in wide]
-            have["width per stage (not below the checkpoint's)"] = [max(w, n) for (w, _), (n, _) in zip(wide, narrow)]
-            if k_have > k_want:  # its first stages
-                state = {n: v for n, v in state.items() if not n.startswith("priors.") or int(n.split(".")[1]) < k_want}
-                log.info(f"init_weights={path}: its first {k_want} of {k_have} stages")
+        warm_start = getattr(model, "load_warm_start", None)
+        if callable(warm_start):
+            axis = self.operator(mask=torch.ones(1, 1)).axis if self.operator is not None else None
+            warm_start(trained, path, axis=axis, wavelengths=self.wavelengths)
+            return
+        want = {k: v for k, v in config.items() if k != "checkpointing"}
+        have = {k: v for k, v in trained.config.items() if k != "checkpointing"}
         if want != have:
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
             raise ValueError(f"init_weights={path}: its model differs from the configured one in "
                              + ", ".join(f"{k} ({have.get(k)!r} there, {want.get(k)!r} here)" for k in diff))
-        state = self._widened(model, state, wide, narrow, path)  # once the shapes are known to fit
-        missing = model.load_state_dict(state, strict=False).missing_keys
-        if refiner:  # the stages the checkpoint lacks start fresh; every other weight must come from it
-            missing = [m for m in missing if not (m.startswith("priors.") and int(m.split(".")[1]) >= k_have)]
+        missing = model.load_state_dict(trained.state_dict(), strict=False).missing_keys
         if missing:
             raise ValueError(f"init_weights={path}: no weights for {missing[:3]}")
-
-    @staticmethod
-    def _widened(model: nn.Module, state: dict, wide: list, narrow: list, path: str) -> dict:
-        """``state`` with each stage's U-Net embedded in this run's wider one (``cassi.models.blocks.widen_state``:
-        the same function, the new channels silent), one log line naming the widths."""
-        grown = [k for k, ((w, _), (n, _)) in enumerate(zip(wide, narrow)) if w > n]
-        for k in grown:
-            prefix = f"priors.{k}."
-            old = {n[len(prefix):]: v for n, v in state.items() if n.startswith(prefix)}
-            state = {**state, **{prefix + n: v for n, v in widen_state(old, model.priors[k]).items()}}
-        if grown:
-            log.info(f"init_weights={path}: U-Nets of stages {[k + 1 for k in grown]} widened from width "
-                     f"{[narrow[k][0] for k in grown]} to {[wide[k][0] for k in grown]} (new channels start silent: "
-                     f"the same function)")
-        return state
-
-    def _carried(self, trained: nn.Module, bands: int, state: dict, path: str) -> dict:
-        """``trained``'s Refiner weights for this run's band count, wavelengths and dispersion axis (unchanged when
-        they are the same), with one log line saying what was carried over."""
-        axis = self.operator(mask=torch.ones(1, 1)).axis if self.operator is not None else None
-        old_axis = (trained.geometry or {}).get("axis") or axis
-        axis = axis or old_axis  # one of them unknown: taken as the same
-        old_nm, new_nm = trained.wavelengths, self.wavelengths
-        if trained.bands == bands and old_axis == axis and (old_nm is None or new_nm is None or
-                                                            list(old_nm) == list(new_nm)):
-            return state
-        known = old_nm is not None and new_nm is not None
-        log.info(f"init_weights={path}: carried from {trained.bands} to {bands} bands "
-                 f"({'interpolated across wavelength' if known else 'by band position: wavelengths not known'})"
-                 + (f", dispersion along {old_axis} to {axis} (kernels transposed)" if old_axis != axis else ""))
-        return transfer_weights(state, (trained.bands, bands), (old_nm, new_nm), old_axis != axis)
 
     @staticmethod
     def _trained_before(init_weights: str | None, given: dict | None) -> dict:
@@ -206,7 +155,7 @@ class TrainingModule(ReconstructionModule):
         if self.geometry is None:  # the dispersion it is trained for (a window batch has no mask: any one fits)
             op = self.operator(mask=batch["mask"] if "mask" in batch else torch.ones(1, 1, 1, 1, device=x.device))
             self.geometry = op.geometry.record()
-        if "x0" in batch:  # windows of a solver's reconstructions (cassi.models.FirstIterates): the learned part
+        if "x0" in batch:  # windows of a solver's reconstructions (cassi.data.FirstIterates): the learned part
             if not hasattr(self.reconstructor, "refine") or self.stage_weights is not None:
                 raise ValueError(f"training batches of first iterates (x0, r windows) train a cassi.models.Refiner "
                                  f"without stage_weights, not {type(self.reconstructor).__name__}"
@@ -228,7 +177,7 @@ class TrainingModule(ReconstructionModule):
         windows feed; default the last) to K, end to end, each projected onto the window's own measurement
         y = A x + n when ``project`` (x̃ + A⁺(y − A x̃), what survives the projection is trained) and feeding the
         next stage (x̃ or its projection, r = A⁺(y − A x̃)); n is the scene's measurement noise there
-        (``batch["noise"]``, :class:`cassi.models.FirstIterates`; none without it), so that a noisy camera's later
+        (``batch["noise"]``, :class:`cassi.data.FirstIterates`; none without it), so that a noisy camera's later
         stages learn from residuals as noisy as at inference (+0.12 dB on a held-out camera's validation windows at
         0.75 h, docs/camera.md); s is the scene's scale of x₀ throughout.
         Windows from a pool of fewer stages than the model (``data.train.stages=1 model.stages=2``) thus train

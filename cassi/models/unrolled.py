@@ -16,13 +16,12 @@ DAUHST (the toolbox's, weight-compatible) is :class:`cassi.models.zoo.dauhst.DAU
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from cassi._checks import check_positive_int
+from cassi._checks import check_positive_int, plain as _plain
 from cassi.models.blocks import ResStack, UNet
 from cassi.models.camera import check_camera, check_geometry
 from cassi.registry import register
@@ -30,19 +29,6 @@ from cassi.registry import register
 PRIORS = {"unet": UNet, "resstack": ResStack}
 
 __all__ = ["Reconstructor", "Unrolled", "GAPNet", "ADMMNet"]
-
-
-def _plain(v):
-    """Plain Python data (dicts, lists, numbers, strings) of a constructor argument: sequences and mappings of
-    any type (tuples, Hydra's ListConfig/DictConfig) become lists and dicts, so that a checkpoint holding
-    the config loads with ``torch.load(weights_only=True)``."""
-    if v is None or isinstance(v, (str, bytes, bool, int, float)):
-        return v
-    if isinstance(v, Mapping):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, Iterable):
-        return [_plain(x) for x in v]
-    return v
 
 
 def _config(model: nn.Module, args: dict) -> dict:

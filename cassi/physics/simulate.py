@@ -238,7 +238,7 @@ class Simulator:
 
     def __repr__(self) -> str:
         """The measurement it makes (the backend, which computes the same y, is left out: caches keyed on it,
-        e.g. ``cassi.models.FirstIterates``, stay valid under another backend)."""
+        e.g. ``cassi.data.FirstIterates``, stay valid under another backend)."""
         geo = f"offsets={self.offsets}" if self.offsets is not None else f"step={self.step}"
         return (f"Simulator(masks={type(self.masks).__name__}, bands={self.bands}, {geo}, axis={self.axis!r}, "
                 f"noise={self.noise!r})")

@@ -17,9 +17,9 @@ import torch
 
 from cassi import threads
 from cassi._checks import check_number
-from cassi.registry import register
+from cassi.registry import register, resolve
 
-__all__ = ["Result", "Solver", "PseudoInverse", "check_int", "check_number", "psnr"]
+__all__ = ["DEFAULT_SOLVER", "Result", "Solver", "PseudoInverse", "build_solver", "check_int", "check_number", "psnr"]
 
 
 def check_int(name: str, value, minimum: int = 1) -> int:
@@ -168,3 +168,18 @@ def schedule(iters: int | None, sigma: float | None, decay: float = 1.0, sigma_m
         return iters, None
     s0 = check_number(name, sigma)
     return iters, [max(s0 * decay**k, sigma_min) for k in range(iters)]
+
+
+#: the shipped GAP-TV (conf/solver/gap_tv.yaml): a Refiner's first-iterate solver when none is given
+DEFAULT_SOLVER = {"_target_": "cassi.solvers.GAPTV", "iters": 80, "tv_weight": 0.4, "tv_iters": 5, "decay": 0.95}
+
+
+def build_solver(spec) -> Solver:
+    """A :class:`Solver` from {"_target_": a registered solver (:mod:`cassi.registry`), **arguments} (or a Solver,
+    returned as is)."""
+    if isinstance(spec, Solver):
+        return spec
+    if not isinstance(spec, dict) or not isinstance(spec.get("_target_"), str):
+        raise ValueError(f"solver must be a dict {{'_target_': 'cassi.solvers.GAPTV', ...}}, got {spec!r}")
+    args = dict(spec)
+    return resolve(args.pop("_target_"), Solver, "solver class")(**args)
