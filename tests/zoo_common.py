@@ -122,3 +122,54 @@ def train_one_step(tmp_path: Path, *model: str, threads: str | None = None) -> N
                        text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Running in `fast_dev_run` mode" in r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------ beyond the authors' code (DPU, SSR, SAUNet)
+GEOMETRIES = ["31 bands 9×14", "step 1", "uneven offsets", "a mask per sample", "1×3 frame"]
+
+
+def check_geometry(small, case: str) -> None:
+    """``small(bands)`` (a 2-stage model with ``return_stages``) on a geometry its authors' code does not take:
+    every stage's output finite and of x's shape, and a batch equal to its samples."""
+    g = torch.Generator().manual_seed(1)
+    bands, shape, kw = 5, (12, 20), {"step": 2}
+    if case.startswith("31"):
+        bands, shape = 31, (9, 14)
+    elif case == "step 1":
+        kw = {"step": 1}
+    elif case.startswith("uneven"):
+        kw = {"offsets": [0, 3, 4, 9, 1]}
+    elif case.startswith("1×3"):
+        shape = (1, 3)
+    mask = torch.rand(2, 1, *shape, generator=g) if case.startswith("a mask") else torch.rand(*shape, generator=g)
+    kw["backend"] = "loop"  # the operator only makes y here: no backend selection per geometry
+    op = CASSI(mask, bands=bands, **kw)
+    x = torch.rand(2, bands, *shape, generator=g)
+    y = op(x)
+    model = small(bands)
+    with torch.no_grad():
+        outs = model(op, y, return_stages=True)
+        assert len(outs) == 2 and all(o.shape == x.shape for o in outs) and torch.isfinite(outs[-1]).all()
+        one = model(op if mask.ndim == 2 else CASSI(mask[1:], bands=bands, **kw), y[1:])
+    torch.testing.assert_close(one, outs[-1][1:], rtol=1e-4, atol=1e-5)  # a batch is its samples (rounding aside)
+
+
+def check_axis_h_and_refusals(model, name: str) -> None:
+    """A 5-band ``model``: dispersion along h is the transposed problem along w; fractional offsets and another band
+    count are refused, naming the model's class ``name``."""
+    import pytest
+
+    g = torch.Generator().manual_seed(2)
+    mask = (torch.rand(20, 12, generator=g) > 0.5).float()
+    x = torch.rand(1, 5, 20, 12, generator=g)
+    op_h = CASSI(mask, bands=5, step=2, axis="h", backend="loop")
+    op_w = CASSI(mask.t().contiguous(), bands=5, step=2, backend="loop")
+    with torch.no_grad():
+        a = model(op_h, op_h(x))
+        b = model(op_w, op_w(x.transpose(-1, -2).contiguous()))
+    torch.testing.assert_close(a, b.transpose(-1, -2), rtol=1e-5, atol=1e-6)
+    op = CASSI(mask, bands=5, step=1.5, backend="loop")
+    with pytest.raises(ValueError, match=rf"^this {name} works on the dispersed frame, which needs integer offsets"):
+        model(op, op(x))
+    with pytest.raises(ValueError, match="reconstructs 5 bands but the operator has 4"):
+        model(CASSI(mask, bands=4), torch.zeros(1, 1, 20, 18))
