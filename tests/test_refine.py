@@ -438,6 +438,33 @@ def test_more_stages_start_from_fewer_in_training(tmp_path):
                        init_weights=str(path2))
 
 
+def test_a_spectral_attention_prior_trains_every_weight_and_loads_from_its_checkpoint(tmp_path):
+    """prior="mst": each stage is MST's attention U-Net (cassi.models.zoo.mst.SpectralUNet) on [x, r]; any frame
+    size (padded inside), gradients reach every weight, a checkpoint gives the same model back; names other
+    than unet and mst and widening its stages are refused."""
+    from cassi.lightning import TrainingModule
+    from cassi.models.zoo.mst import SpectralUNet
+
+    model = tiny(stages=2, prior="mst")
+    assert all(isinstance(net, SpectralUNet) for net in model.priors)
+    op, x = random_op(2, 5, 13, 11)
+    out = model(op, op(x))
+    assert out.shape == x.shape
+    out.square().mean().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing, f"no gradient reaches {missing}"
+    model.eval()
+    loaded = load_model(checkpoint(tmp_path / "m.ckpt", model))
+    assert loaded.config["prior"] == "mst"
+    with torch.no_grad():
+        assert torch.equal(loaded(op, op(x)), model(op, op(x)))
+    with pytest.raises(ValueError, match=r"prior must be one of \['mst', 'unet'\], got 'resnet'"):
+        Refiner(bands=5, prior="resnet")
+    wider = Refiner(bands=5, stages=2, width=8, depth=2, solver=FAST_TV, prior="mst")
+    with pytest.raises(ValueError, match="only U-Net stages can be widened"):
+        TrainingModule(wider, lambda mask: CASSI(mask, bands=5, step=2), init_weights=str(tmp_path / "m.ckpt"))
+
+
 def test_per_stage_u_net_shapes():
     m = Refiner(bands=5, stages=3, width=[4, 4, 8], depth=[2, 2, 3], solver=FAST_TV)
     n = [sum(p.numel() for p in u.parameters()) for u in m.priors]
@@ -620,16 +647,17 @@ def test_spectral_interp_is_linear_interpolation_clamped_at_the_ends():
         spectral_interp([500.0, 450.0], [470.0])
 
 
+@pytest.mark.parametrize("prior", ["unet", "mst"])
 @pytest.mark.parametrize("transpose", [False, True])
-def test_transferred_u_net_equals_the_old_one_on_resampled_spectra(transpose):
+def test_transferred_u_net_equals_the_old_one_on_resampled_spectra(transpose, prior):
     """Carried from 5 bands to 7 (other wavelengths), the U-Net computes what the old one computes on the new
     bands resampled to the old: U'(x) = x + Q·(U(P x) − P x) with P, Q the interpolations between the grids; with
     ``transpose``, on the transposed window (the dispersion along the other axis)."""
     from cassi.models.refine import spectral_interp, transfer_weights
 
-    old = tiny(mask_input=True)
+    old = tiny(mask_input=True, prior=prior)
     nm0, nm1 = [450.0, 480.0, 520.0, 570.0, 640.0], [420.0, 460.0, 500.0, 540.0, 580.0, 620.0, 680.0]
-    new = Refiner(bands=7, width=4, depth=2, solver=FAST_TV, mask_input=True)
+    new = Refiner(bands=7, width=4, depth=2, solver=FAST_TV, mask_input=True, prior=prior)
     new.load_state_dict(transfer_weights(old.state_dict(), (5, 7), (nm0, nm1), transpose))
     p, q = spectral_interp(nm1, nm0).float(), spectral_interp(nm0, nm1).float()
     g = torch.Generator().manual_seed(1)

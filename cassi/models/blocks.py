@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["UNet", "ResStack", "padded", "widen_state"]
+__all__ = ["UNet", "ResStack", "padded", "near_zero", "widen_state"]
 
 
 def padded(x: torch.Tensor, multiple: int, fn) -> torch.Tensor:
@@ -20,7 +20,7 @@ def padded(x: torch.Tensor, multiple: int, fn) -> torch.Tensor:
     return fn(x)[..., :H, :W]
 
 
-def _near_zero(conv: nn.Conv2d, scale: float = 0.01) -> nn.Conv2d:
+def near_zero(conv: nn.Conv2d, scale: float = 0.01) -> nn.Conv2d:
     """The residual branch's last layer at ``scale`` × its default initialisation (bias 0): every prior
     starts close to the identity, so an untrained unrolled model starts close to its data steps from
     A⁺y instead of compounding K random residuals (gradients still reach every layer)."""
@@ -50,7 +50,7 @@ class UNet(nn.Module):
         self.down = nn.ModuleList(_double_conv(cin, cout) for cin, cout in zip([in_channels, *w[:-1]], w))
         self.up = nn.ModuleList(nn.ConvTranspose2d(w[s + 1], w[s], 2, stride=2) for s in range(depth - 1))
         self.fuse = nn.ModuleList(_double_conv(2 * w[s], w[s]) for s in range(depth - 1))
-        self.last = _near_zero(nn.Conv2d(w[0], out_channels, 1))
+        self.last = near_zero(nn.Conv2d(w[0], out_channels, 1))
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         skips, h = [], x
@@ -108,7 +108,7 @@ class ResStack(nn.Module):
         self.head = nn.Conv2d(4 * in_channels, width, 3, padding=1)
         self.body = nn.ModuleList(nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU(inplace=True),
                                                 nn.Conv2d(width, width, 3, padding=1)) for _ in range(depth))
-        self.tail = _near_zero(nn.Conv2d(width, 4 * out_channels, 3, padding=1))
+        self.tail = near_zero(nn.Conv2d(width, 4 * out_channels, 3, padding=1))
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.relu(self.head(F.pixel_unshuffle(x, 2)))

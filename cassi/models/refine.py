@@ -18,12 +18,14 @@ from torch import nn
 from cassi.data.first_iterates import scene_scale as _scale
 from cassi.models.blocks import UNet, widen_state
 from cassi.models.unrolled import Unrolled, _config, _plain
+from cassi.models.zoo.mst import SpectralUNet
 from cassi.registry import register
 from cassi.solvers.base import DEFAULT_SOLVER, Solver, build_solver
 
 __all__ = ["Refiner", "build_solver", "DEFAULT_SOLVER", "spectral_interp", "stage_shapes", "transfer_weights"]
 
 log = logging.getLogger(__name__)
+_PRIORS = {"unet": UNet, "mst": SpectralUNet}  # a stage's network, (B, 2C [+1], H, W) -> (B, C, H, W)
 
 
 def stage_shapes(config: dict) -> list[tuple[int, int]]:
@@ -73,7 +75,7 @@ def transfer_weights(state: dict, bands: tuple[int, int], wavelengths: tuple | N
     out = {}
     for key, w in state.items():
         w = w.clone()
-        if key.startswith("priors.") and key.endswith(".down.0.0.weight"):  # in: [x (c0), r (c0), mask?]
+        if key.startswith("priors.") and key.endswith((".down.0.0.weight", ".head.weight")):  # [x, r, mask?]
             if w.shape[1] not in (2 * c0, 2 * c0 + 1):
                 raise ValueError(f"transfer_weights: {key} has {w.shape[1]} inputs, not 2·{c0} (+1)")
             parts = [torch.einsum("oskl,sd->odkl", w[:, i * c0:(i + 1) * c0].double(), p).to(w.dtype) for i in (0, 1)]
@@ -104,6 +106,9 @@ class Refiner(Unrolled):
         project: make every stage's output consistent with y, x_k = x̃_k + r̃_k with x̃_k the correction above and
             r̃_k = A⁺(y − A x̃_k) (the GAP projection; the next stage sees (x_k, r̃_k)). For noiseless or lightly
             noisy measurements (+0.3 dB after stage 1 of cave_tsa, docs/training.md); with noise it fits the noise.
+        prior: each stage's network: ``"unet"`` (convolutional, :class:`cassi.models.blocks.UNet`) or ``"mst"``
+            (MST's spectral-wise attention blocks in a U-Net, :class:`cassi.models.zoo.mst.SpectralUNet`; ``width``
+            is its first level's channels and head size, ``depth`` its levels + 1).
         mask_input: each U-Net also sees the mask where the window lies, M (B, 1, H, W) (the mean over bands of a
             per-band mask): input 2C + 1 channels, [x/s, r/s, M]. GAP-TV's errors follow the mask's pattern.
         flip_ensemble: in ``forward``, a stage's correction is the mean of the correction of x and the mirrored
@@ -119,7 +124,7 @@ class Refiner(Unrolled):
 
     def __init__(self, bands: int = 28, stages: int = 1, width: int | list[int] = 16, depth: int | list[int] = 4,
                  solver: dict | None = None, checkpointing: bool = False, project: bool = False,
-                 flip_ensemble: bool | list[int] = False, mask_input: bool = False):
+                 flip_ensemble: bool | list[int] = False, mask_input: bool = False, prior: str = "unet"):
         super().__init__(bands, stages, False, checkpointing, normalize=True)
         self.project, self.mask_input = bool(project), bool(mask_input)
         self.flip_ensemble = _plain(flip_ensemble)  # a ListConfig becomes a list
@@ -136,8 +141,10 @@ class Refiner(Unrolled):
         self.solver = build_solver(solver)
         self.solver_spec = solver
         self.config = _config(self, dict(locals()))
-        self.priors = nn.ModuleList(UNet(2 * bands + self.mask_input, bands, w, d)
-                                    for w, d in stage_shapes(self.config))
+        if prior not in _PRIORS:
+            raise ValueError(f"Refiner prior must be one of {sorted(_PRIORS)}, got {prior!r}")
+        net = _PRIORS[prior]
+        self.priors = nn.ModuleList(net(2 * bands + self.mask_input, bands, w, d) for w, d in stage_shapes(self.config))
 
     def first(self, op, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x₀, r₀) = (solver(op, y), A⁺(y − A x₀)), both (B, C, H, W), without gradients."""
@@ -250,6 +257,8 @@ class Refiner(Unrolled):
         """``state`` with each stage's U-Net embedded in this Refiner's wider one (``cassi.models.blocks.widen_state``:
         the same function, the new channels silent), one log line naming the widths."""
         grown = [k for k, ((w, _), (n, _)) in enumerate(zip(wide, narrow)) if w > n]
+        if grown and not isinstance(self.priors[0], UNet):
+            raise ValueError(f"init_weights={path}: only U-Net stages can be widened (prior={self.config['prior']!r})")
         for k in grown:
             prefix = f"priors.{k}."
             old = {n[len(prefix):]: v for n, v in state.items() if n.startswith(prefix)}

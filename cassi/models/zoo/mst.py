@@ -39,12 +39,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cassi._checks import check_positive_int
+from cassi.models.blocks import near_zero, padded
 from cassi.models.unrolled import _config
 from cassi.models.zoo.toolbox import (ToolboxModel, dispersed_last, integer_offsets, register_method, shift_back,
                                       undo)
 from cassi.registry import register
 
-__all__ = ["MST", "MSTReal", "MSTPlusPlus", "MSTPlusPlusReal", "level_shifts"]
+__all__ = ["MST", "MSTReal", "MSTPlusPlus", "MSTPlusPlusReal", "SpectralUNet", "level_shifts"]
 
 _CL = torch.channels_last
 _CHUNK_BYTES = 8 << 20  # without autograd, feed-forwards run in bands of rows whose 4c-wide intermediate is about this
@@ -360,6 +361,30 @@ class _UNet(nn.Module):
             fea = _linear(torch.cat([fea, skips[level]], dim=-1), dec.fuse.weight)
             fea = dec.stack(fea, phis[level], indices[level] if self.guided else None, checkpointing)
         return _conv(fea, self.mapping.weight, padding=1).add_(x)
+
+
+class SpectralUNet(nn.Module):
+    """A stage network from MST's blocks (the Refiner's ``prior="mst"``): out = x[:, :C_out] + P(U(E x)), E a 3×3
+    convolution to ``width`` channels, U MST's U-Net without mask guidance (``depth`` − 1 levels of ``blocks``
+    MSABs each, and at the bottleneck; spectral-wise attention in heads of ``width`` channels), P a 1×1
+    convolution that starts near zero. (B, C_in, H, W) -> (B, C_out, H, W) at any H, W (replicate-padded inside to
+    a multiple of 2^(depth−1))."""
+
+    def __init__(self, in_channels: int, out_channels: int, width: int = 32, depth: int = 3, blocks: int = 1):
+        super().__init__()
+        for name, value in (("width", width), ("depth", depth), ("blocks", blocks)):
+            check_positive_int(f"SpectralUNet {name}", value)
+        self.out_channels, self.multiple = out_channels, 2 ** (depth - 1)
+        self.head = nn.Conv2d(in_channels, width, 3, padding=1)
+        self.body = _UNet(width, width, depth - 1, [blocks] * depth, guided=False, lrelu=False)
+        self.last = near_zero(nn.Conv2d(width, out_channels, 1))
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(_nhwc(self.head(x)))
+        return x[:, : self.out_channels] + self.last(_nchw(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return padded(x, self.multiple, self._forward)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
