@@ -112,6 +112,26 @@ def test_mixture_draws_by_weight_and_describes_itself_stably(content):
         scenes.Mixture([a, a], weights=[1])
 
 
+def test_a_mixtures_pool_is_keyed_by_its_sources_settings_not_their_addresses(content, tmp_path):
+    """The cache key of a pool over a mixture with a CubeFiles source (which has no repr of its own) is the same for
+    two separately built mixtures (as in two processes: a stopped pool continues, a second run reuses it) and
+    differs when a source's setting does."""
+    from cassi.data import FirstIterates
+    from cassi.data.datasets import CubeFiles
+    from cassi.io import save_cube
+    from cassi.physics.simulate import BernoulliMasks, Simulator
+
+    save_cube(cube := tmp_path / "c.h5", np.random.default_rng(0).random((28, 20, 20), np.float32))
+
+    def key(relight=0.5):
+        mix = scenes.Mixture([CubeFiles([cube], relight=relight), scenes.DeadLeaves(
+            2, 16, 16, "tsa", seed=0, library=("colour",), root=content, shapes=50)], samples_per_epoch=2)
+        return FirstIterates(mix, Simulator(BernoulliMasks(0.5), bands=28, step=2), None, patch_size=8)._key()
+
+    assert key() == key() and "0x" not in json.dumps(key())
+    assert key() != key(relight=0.25)
+
+
 def test_fetch_keeps_going_past_a_failing_source_and_leaves_nothing_half_written(tmp_path, monkeypatch):
     def works(src, tmp, out):
         for m in src.members:

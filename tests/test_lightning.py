@@ -42,7 +42,7 @@ def test_test_step_scores_every_scene_and_gap_beats_pinv():
         m = module(solver)
         metrics = trainer().test(m, loader, verbose=False)[0]
         assert [r["name"] for r in m.rows] == ["s0", "s1", "s2"]
-        assert set(metrics) == {"test/psnr", "test/psnr_table", "test/ssim", "test/sam"}
+        assert set(metrics) == {"test/psnr", "test/psnr_table", "test/ssim", "test/ssim_table", "test/sam"}
         assert metrics["test/psnr"] == pytest.approx(summarize(m.rows)["psnr"], abs=1e-4)
         rows[name] = m.rows
     for p, g in zip(rows["pinv"], rows["gap"]):

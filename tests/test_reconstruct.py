@@ -97,7 +97,7 @@ def test_synthetic_default_outputs_reopen_and_a_second_run_resumes(tmp_path):
     for row in rows.values():
         assert row["status"] == "reconstructed" and row["psnr"] > 10 and 0 < row["residual"] < 1
         assert row["iterations"] == 5 and row["time"] > 0
-    assert (out / "summary.csv").read_text().splitlines()[0].startswith("name,psnr,psnr_table,ssim,sam,residual,time")
+    assert (out / "summary.csv").read_text().splitlines()[0].startswith("name,psnr,psnr_table,ssim,ssim_table,sam,residual,time")
     page = (out / "index.html").read_text()
     links = Links(page)
     assert links.rows >= 1 + len(SCENES) and all(n in page for n in SCENES) and "residual" in page

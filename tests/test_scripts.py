@@ -35,7 +35,7 @@ def test_evaluate_writes_a_table_per_scene(tmp_path):
     for s in res["scenes"]:
         assert {"psnr", "psnr_table", "ssim", "sam", "time", "iterations"} <= set(s) and s["iterations"] == 10
     assert res["mean"]["psnr"] == pytest.approx(sum(s["psnr"] for s in res["scenes"]) / 2)
-    assert (tmp_path / "results.csv").read_text().startswith("name,psnr,psnr_table,ssim,sam,time,iterations")
+    assert (tmp_path / "results.csv").read_text().startswith("name,psnr,psnr_table,ssim,ssim_table,sam,time,iterations")
     assert "| mean |" in (tmp_path / "results.md").read_text() and "mean" in out
 
 

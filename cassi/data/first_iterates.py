@@ -109,8 +109,21 @@ class FirstIterates(Dataset):
         settings and mask), the scenes' dataset settings and this dataset's seed (masks and noise)."""
         def settings(obj) -> dict:
             plain = (int, float, str, bool, type(None))
-            return {k: (str(v) if not isinstance(v, plain) else v) for k, v in sorted(vars(obj).items())
+            return {k: (_text(v) if not isinstance(v, plain) else v) for k, v in sorted(vars(obj).items())
                     if not k.startswith("_") and k not in ("epoch", "cache") and not isinstance(v, torch.Tensor)}
+
+        def opaque(v) -> bool:  # printed as <… object at 0x…>: an address, another in every process
+            return type(v).__repr__ is object.__repr__ and hasattr(v, "__dict__")
+
+        def _text(v) -> str:
+            """str(v), with the objects that lack a repr (a mixture's CubeFiles source) written as their settings."""
+            if opaque(v):
+                return f"{type(v).__name__}({settings(v)})"
+            if isinstance(v, (list, tuple)) and any(opaque(i) for i in v):
+                return "[" + ", ".join(_text(i) for i in v) + "]"
+            if isinstance(v, dict) and any(opaque(i) for i in v.values()):
+                return "{" + ", ".join(f"{k!r}: {_text(i)}" for k, i in v.items()) + "}"
+            return str(v)
 
         masks = getattr(self.simulator, "masks", None)
         mask = getattr(masks, "mask", None)

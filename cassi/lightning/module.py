@@ -162,7 +162,7 @@ def _cell(key: str, value) -> str:
         return "" if value is None else str(value)
     if key.endswith("time"):
         return f"{value:.3g}"
-    if key.endswith(("ssim", "residual")):
+    if key.endswith(("ssim", "ssim_table", "residual")):
         return f"{value:.3f}"
     if key.endswith(("psnr", "psnr_table", "sam")):
         return f"{value:.2f}"

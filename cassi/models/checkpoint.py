@@ -83,6 +83,7 @@ def load_model(path, map_location="cpu", operator=None) -> nn.Module:
     model.geometry = info.get("geometry")
     model.camera = info.get("camera")  # the training masks and noise (cassi.models.camera): checked per operator
     model.wavelengths = info.get("wavelengths")
+    model.converted = info.get("converted")  # a published model's source, method, file (cassi.models.zoo.convert)
     model.source = str(path)
     if operator is not None:  # the band count and dispersion (a stand-in mask: its size and camera come later)
         model.check_geometry(operator(mask=torch.ones(1, 1)))

@@ -125,6 +125,30 @@ class Method:
 
 METHODS: dict[str, Method] = {}
 
+_MST = "caiyuanhao1998/MST README.md, 'Quantitative Comparison on Simulation Dataset'"
+_SAU = "hustvl/SAUNet README.md, 'Results from the paper'"
+#: What the authors publish for each method on KAIST's 10 simulation scenes (the 256² mask, 28 bands, step 2):
+#: (mean PSNR dB, mean SSIM, where it is written). Both metrics per band on 8-bit cubes (cassi.metrics.psnr_table,
+#: ssim_table). DPU and SSR publish their figures only in their papers, which are not quoted here.
+REPORTED: dict[str, tuple[float, float, str]] = {
+    "gap_net": (33.26, 0.917, _MST), "admm_net": (33.58, 0.918, _MST), "hdnet": (34.97, 0.943, _MST),
+    "mst_s": (34.26, 0.935, _MST), "mst_m": (34.94, 0.943, _MST), "mst_l": (35.18, 0.948, _MST),
+    "mst_plus_plus": (35.99, 0.951, _MST), "dauhst_2stg": (36.34, 0.952, _MST), "dauhst_3stg": (37.21, 0.959, _MST),
+    "dauhst_5stg": (37.75, 0.962, _MST), "dauhst_9stg": (38.36, 0.967, _MST),
+    "saunet_1stg": (34.84, 0.946, _SAU), "saunet_2stg": (36.73, 0.961, _SAU), "saunet_3stg": (37.54, 0.966, _SAU),
+    "saunet_5stg": (38.16, 0.970, _SAU), "saunet_9stg": (38.57, 0.973, _SAU), "saunet_13stg": (38.79, 0.974, _SAU),
+}
+
+
+def reported_beside(method: str | None, psnr_table: float, ssim_table: float, where: str) -> str | None:
+    """One line setting a converted model's scores (the published tables' PSNR and SSIM on ``where``) beside what
+    its authors report on KAIST; None for a method without reported figures (or no method)."""
+    if method not in REPORTED:
+        return None
+    psnr, ssim, source = REPORTED[method]
+    return (f"{method}: {psnr_table:.2f} dB / SSIM {ssim_table:.3f} here ({where}); its authors report {psnr:.2f} dB / "
+            f"{ssim:.3f} on KAIST's 10 scenes ({source})")
+
 
 def register_method(name: str, target: str, rename: Callable[[str], str] | None = None, source: str = "mst",
                     **kwargs) -> None:
