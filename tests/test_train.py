@@ -204,9 +204,19 @@ def _cube_tree(root: Path, bands: int = 28, size: int = 40) -> None:
     save_mask(root / "cave_kaist" / "mask_256.mat", (g.random((size, size)) > 0.5).astype(np.float32))
 
 
-# DAUHST's 3- and 5-stage experiments differ from the 2-stage one only in model.stages, which the run below sets to
-# 2: the same run (test_dauhst_stage_variants_differ_only_in_stages checks it; the 9-stage one checkpoints, and runs)
-SAME_RUN = {f"dauhst_{n}stg_cave": "dauhst_2stg_cave" for n in (3, 5)}
+# Every experiment, those that train several models once more with their other ones (experiment=toolbox names no
+# model: it is chosen on the command line). DAUHST's 3- and 5-stage runs differ from the 2-stage one only in
+# model.stages, which the run below sets to 2: the same run (test_dauhst_stage_variants_differ_only_in_stages
+# checks it; the 9-stage one checkpoints, and runs)
+RUNS = [*([f"experiment={e}"] for e in EXPERIMENTS if e != "toolbox"),
+        ["experiment=toolbox", "model=dauhst_2stg"],
+        ["experiment=toolbox", "model=dauhst_9stg", "model.checkpointing=true"],
+        ["experiment=toolbox", "model=mst_plus_plus"],
+        ["experiment=toolbox_gap_net", "model=admm_net"],
+        ["experiment=cassi_gapnet", "model=admmnet"]]
+SAME_RUN = {f"dauhst_{n}stg": "dauhst_2stg" for n in (3, 5)}
+# the experiments of the MST toolbox's published protocol (conf/experiment/toolbox.yaml and those built on it)
+PROTOCOL = ("toolbox", "cassi_gapnet")
 SMALL = {"gapnet": ["model.stages=2", "model.width=4", "model.depth=2"],
          "admmnet": ["model.stages=2", "model.width=4", "model.depth=2"],
          "gap_net": ["model.stages=2", "model.width=4"],   # the toolbox's (cassi.models.zoo.gapnet)
@@ -238,10 +248,26 @@ def _train_script():
 
 def test_dauhst_stage_variants_differ_only_in_stages():
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        base = compose("train", overrides=[f"experiment={SAME_RUN['dauhst_3stg_cave']}", "model.stages=2"])
+        base = compose("train", overrides=["experiment=toolbox", f"model={SAME_RUN['dauhst_3stg']}", "model.stages=2"])
         for variant in SAME_RUN:
-            cfg = compose("train", overrides=[f"experiment={variant}", "model.stages=2"])
+            cfg = compose("train", overrides=["experiment=toolbox", f"model={variant}", "model.stages=2"])
             assert cfg == base, variant
+
+
+def test_the_toolbox_protocol_asks_for_a_model_and_its_deltas_keep_it():
+    """experiment=toolbox names no model (model=... on the command line); the experiments built on it choose theirs,
+    and differ from it only in what they set: a model, a schedule, a loss (conf/experiment/toolbox*.yaml)."""
+    from hydra.errors import ConfigCompositionException
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        with pytest.raises(ConfigCompositionException, match="You must specify 'model'"):
+            compose("train", overrides=["experiment=toolbox"])
+        base = compose("train", overrides=["experiment=toolbox", "model=mst_s"])
+        mst = compose("train", overrides=["experiment=toolbox_mst"])
+        hdnet = compose("train", overrides=["experiment=toolbox_hdnet", "model=mst_s"])
+    assert mst.model == base.model and mst.data == base.data and mst.trainer == base.trainer
+    assert mst.module.scheduler.milestones == [50, 100, 150, 200, 250] and mst.module.loss == base.module.loss
+    assert hdnet.module.scheduler == mst.module.scheduler and hdnet.module.loss._target_.endswith("HDNetLoss")
 
 
 def test_the_refiners_first_iterate_takes_plain_gap_without_a_plus():
@@ -256,20 +282,20 @@ def test_the_refiners_first_iterate_takes_plain_gap_without_a_plus():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e not in SAME_RUN])
+@pytest.mark.parametrize("experiment", RUNS, ids=" ".join)
 def test_fast_dev_run_of_every_experiment(experiment, tmp_path, shared_data):
     """Two training and validation steps (and the test when the experiment tests) of every experiment, shrunk,
     through scripts/train.py's main in this process."""
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={experiment}"])
-        family = next((k for k in SMALL if k in experiment or cfg.model._target_.endswith(k)), "gapnet")
-        overrides = [f"experiment={experiment}", *SMALL[family], *([] if family in ("synthetic", "chart", "Refiner")
-                                                                     else CROPS),
+        cfg = compose("train", overrides=experiment)
+        label = " ".join(experiment)
+        family = next((k for k in SMALL if k in label or cfg.model._target_.endswith(k)), "gapnet")
+        overrides = [*experiment, *SMALL[family], *([] if family in ("synthetic", "chart", "Refiner") else CROPS),
                      "trainer.fast_dev_run=2", "trainer.accelerator=cpu", "trainer.devices=1", "data.batch_size=2",
                      "data.num_workers=0", "data.pin_memory=false", "callbacks.progress=null",
                      f"paths.shared_data={shared_data}", f"paths.data_dir={tmp_path / 'data'}",
                      f"paths.output_dir={tmp_path / 'run'}"]
-        if experiment.endswith("_cave"):  # the published protocol's data layout, in miniature
+        if experiment[0].removeprefix("experiment=").startswith(PROTOCOL):  # its data layout, in miniature
             _cube_tree(tmp_path / "data")
             overrides.append("data.test.crop_to=32")
         run_cfg = compose("train", overrides=overrides)

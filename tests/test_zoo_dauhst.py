@@ -296,7 +296,7 @@ def test_configs_build_the_toolbox_sizes():
             model = instantiate(cfg.model)
             assert type(model) is DAUHST and sum(p.numel() for p in model.parameters()) == PARAMS[method]
             assert model.config == toolbox.build(method).config
-        cfg = compose("train", overrides=["experiment=dauhst_9stg_cave"])
+        cfg = compose("train", overrides=["experiment=toolbox", "model=dauhst_9stg", "model.checkpointing=true"])
     assert cfg.model.checkpointing and cfg.module.loss.kind == "rmse" and cfg.module.optimizer.lr == 4e-4
     assert cfg.trainer.precision == "32-true" and cfg.trainer.max_epochs == 300 and cfg.data.batch_size == 5
 

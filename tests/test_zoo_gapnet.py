@@ -219,10 +219,11 @@ def test_docstrings_say_how_they_differ_from_cassis_own():
 
 # ------------------------------------------------------------------ training
 def test_the_toolbox_protocol_composes():
-    """experiment=gap_net_cave / admm_net_cave: lr 1e-3, ×0.9 every 30 epochs of 1000 steps, RMSE."""
+    """experiment=toolbox_gap_net (model=gap_net, its default, or admm_net): lr 1e-3, ×0.9 every 30 epochs of 1000
+    steps, RMSE."""
     for name, target in (("gap_net", ToolboxGAPNet), ("admm_net", ToolboxADMMNet)):
         with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("train", overrides=[f"experiment={name}_cave"])
+            cfg = compose("train", overrides=["experiment=toolbox_gap_net", f"model={name}"])
         assert cfg.model._target_.endswith(target.__name__) and cfg.module.loss.kind == "rmse"
         opt = instantiate(cfg.module.optimizer)([torch.zeros(1, requires_grad=True)])
         sched = instantiate(cfg.module.scheduler)(opt)

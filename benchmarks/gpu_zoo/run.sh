@@ -28,8 +28,8 @@ cp $R/speed/benchmark_zoo.json "$OUT/speed.json" 2>/dev/null; cp $R/speed/benchm
 log "2. data"
 $PY benchmarks/gpu_zoo/prepare.py .gpu/cave28.npz .gpu/mask_256.mat $R 2>&1 | tee -a "$OUT/log.txt"
 
-log "3. cassi: scripts/train.py experiment=dauhst_2stg_cave for $SECONDS_EACH s"
-timeout $((SECONDS_EACH + 150)) $PY scripts/train.py experiment=dauhst_2stg_cave paths.data_dir=$R/data \
+log "3. cassi: scripts/train.py experiment=toolbox model=dauhst_2stg for $SECONDS_EACH s"
+timeout $((SECONDS_EACH + 150)) $PY scripts/train.py experiment=toolbox model=dauhst_2stg paths.data_dir=$R/data \
   data.num_workers=0 data.train.cache=true data.train.samples_per_epoch=500 trainer.max_time=$MAX_TIME \
   trainer.accelerator=${ACCEL:-gpu} logger=csv callbacks.progress=null test=false data.test=null ${CASSI_ARGS:-} \
   hydra.run.dir=$R/cassi > $R/cassi.log 2>&1

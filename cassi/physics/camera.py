@@ -70,7 +70,7 @@ class Camera:
         except ValueError as e:
             raise ValueError(f"camera.wavelengths: {e}") from None
         if offsets is not None:
-            if step is not None:  # the operator's config reads both (conf/operator/_base.yaml)
+            if step is not None:  # the operator's config reads both (conf/operator/auto.yaml)
                 raise ValueError(f"camera.offsets replaces camera.step: give camera.step=null with it (got step={step})")
             offsets = [float(o) for o in offsets]
         try:
