@@ -28,22 +28,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import re
-import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 import zoo_common as zc  # noqa: E402
 
 from cassi import CASSI  # noqa: E402
-from cassi.models.zoo import toolbox  # noqa: E402
+from cassi.models.zoo import compare, toolbox  # noqa: E402
 from cassi.models.zoo.dpu import DPU, authors_key  # noqa: E402
 
 #: weight seed 9: the threshold compares s·g with θ, and with some seeds' weights a comparison comes within 1e-7
@@ -92,39 +88,6 @@ def authors_keys(pattern: list[str], stages: int) -> list[str]:
     return out
 
 
-def load_authors(src) -> types.ModuleType:
-    """The authors' Model.py as a module, from a checkout or a bare git directory; ``.cuda()`` made a no-op."""
-    src = Path(src).expanduser().resolve()
-    if (src / "Model.py").is_file():
-        path = src / "Model.py"
-    elif (src / "HEAD").is_file() and (src / "objects").is_dir():
-        text = subprocess.run(["git", f"--git-dir={src}", "show", "HEAD:Model.py"], check=True, capture_output=True,
-                              text=True).stdout
-        path = Path(tempfile.mkdtemp(prefix="dpu_authors_")) / "Model.py"
-        path.write_text(text)
-    else:
-        raise FileNotFoundError(f"{src} holds no DPU Model.py (a checkout of ZhangJC-2k/DPU or its git directory)")
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    nn.Module.cuda = lambda self, *a, **k: self
-    spec = importlib.util.spec_from_file_location("dpu_authors_model", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def authors_inputs(op: CASSI, mask: torch.Tensor, y: torch.Tensor):
-    """(g, (Phi, PhiPhiT)) as the authors' Dataset.py gives them for one mask (H, W): the measurement (here
-    cassi's y), the mask per band, and Σ_c (mask placed at band c's offset)² with zeros set to 1."""
-    c, (h, w) = op.bands, mask.shape
-    phi = mask[None, None].expand(1, c, h, w).contiguous()
-    placed = torch.zeros(1, c, h, w + op.delta)
-    for i, d in enumerate(int(o) for o in op.offsets):
-        placed[:, i, :, d:d + w] = phi[:, i]
-    phi_s = (placed ** 2).sum(dim=1, keepdim=True)
-    phi_s[phi_s == 0] = 1
-    return y, (phi, phi_s)
-
-
 def margins(model: DPU) -> list[float]:
     """Hooks on every attention of ``model``: after a forward, the list holds per attention call the smallest
     |s·g − θ| / max|s·g| over its windows (how close a comparison came to flipping)."""
@@ -157,7 +120,7 @@ def main() -> None:
     p.add_argument("--dry-run", action="store_true", help="compare and print, write nothing")
     args = p.parse_args()
     torch.set_num_threads(1)  # as the tests run
-    authors = load_authors(args.source)
+    authors = compare.load_authors("dpu", args.source)
     c, (h, w) = 28, args.size  # the authors' Net fixes 28 bands and step 2
     x, m = zc.scene((c, h, w), SEEDS["scene_seed"]), grey_mask((h, w), SEEDS["mask_seed"])
     if args.mask:
@@ -172,7 +135,7 @@ def main() -> None:
     keys = list(net.state_dict())
     assert sorted(authors_key(k) for k in keys) == sorted(state), "the key mapping is not one-to-one"
     net.load_state_dict({k: state[authors_key(k)] for k in keys}, strict=True)
-    g, inp = authors_inputs(op, m, y)
+    g, inp = compare.authors_inputs("dpu", op, m, y)
     with torch.no_grad():
         outs = net.eval()(g.clone(), input_mask=inp)
     params = {str(k): sum(p.numel() for p in authors.Net(types.SimpleNamespace(stage=k, bands=c, size=256))

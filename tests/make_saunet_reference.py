@@ -23,21 +23,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
-import subprocess
 import sys
-import tempfile
-import types
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 import zoo_common as zc  # noqa: E402
 
 from cassi import CASSI  # noqa: E402
-from cassi.models.zoo import toolbox  # noqa: E402
+from cassi.models.zoo import compare, toolbox  # noqa: E402
 from cassi.models.zoo.saunet import DROP_RATES, authors_key  # noqa: E402
 
 SEEDS = {"scene_seed": 1, "mask_seed": 2, "weight_seed": 0}
@@ -58,70 +53,6 @@ def checksum(state: dict, keys: list[str]) -> str:
     return h.hexdigest()
 
 
-def _timm_stand_in() -> None:
-    """``timm.models.layers.DropPath`` for the authors' import (the identity in eval mode, like timm's)."""
-    if importlib.util.find_spec("timm") is not None:
-        return
-
-    class DropPath(nn.Module):
-        def __init__(self, p=0.0):
-            super().__init__()
-            self.p = p
-
-        def forward(self, x):
-            if not self.training or self.p == 0:
-                return x
-            keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)
-            return x * keep / (1 - self.p)
-
-    layers = types.ModuleType("timm.models.layers")
-    layers.DropPath = DropPath
-    models = types.ModuleType("timm.models")
-    models.layers = layers
-    timm = types.ModuleType("timm")
-    timm.models = models
-    sys.modules.update({"timm": timm, "timm.models": models, "timm.models.layers": layers})
-
-
-def load_authors(src) -> types.ModuleType:
-    """The authors' ``model`` package (``model_generator``, ``SAUNet``) from a checkout or a bare git directory;
-    ``.cuda()`` made a no-op."""
-    src = Path(src).expanduser().resolve()
-    if (src / "model" / "SAUNet.py").is_file():
-        pkg = src / "model"
-    elif (src / "HEAD").is_file() and (src / "objects").is_dir():
-        pkg = Path(tempfile.mkdtemp(prefix="saunet_authors_")) / "model"
-        pkg.mkdir()
-        for name in ("__init__.py", "SAUNet.py"):
-            text = subprocess.run(["git", f"--git-dir={src}", "show", f"HEAD:model/{name}"], check=True,
-                                  capture_output=True, text=True).stdout
-            (pkg / name).write_text(text)
-    else:
-        raise FileNotFoundError(f"{src} holds no model/SAUNet.py (a checkout of hustvl/SAUNet or its git directory)")
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    nn.Module.cuda = lambda self, *a, **k: self
-    _timm_stand_in()
-    spec = importlib.util.spec_from_file_location("saunet_authors", pkg / "__init__.py",
-                                                  submodule_search_locations=[str(pkg)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["saunet_authors"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def authors_inputs(op: CASSI, mask: torch.Tensor, y: torch.Tensor):
-    """(input_meas, (Phi, Phi_s)) as the authors' simu_test.py gives them for one mask (H, W): the measurement
-    (B, H, W+Δ) (here cassi's y), the mask placed at each band's offset (their ``shift`` of the mask per band),
-    and Σ_c Phi² with zeros set to 1 (their ``generate_shift_masks``)."""
-    c, (h, w) = op.bands, mask.shape
-    phi = torch.zeros(1, c, h, w + op.delta)
-    for i, d in enumerate(int(o) for o in op.offsets):
-        phi[:, i, :, d:d + w] = mask
-    phi_s = torch.sum(phi ** 2, 1)
-    phi_s[phi_s == 0] = 1
-    return y[:, 0], (phi, phi_s)
-
-
 def authors_measurement(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The authors' own measurement (``init_meas(gt, mask3d, "Y")``: Σ_c shift(mask·x)_c, step 2), (B, H, W+Δ)."""
     b, c, h, w = x.shape
@@ -137,12 +68,12 @@ def main() -> None:
     p.add_argument("--size", type=int, default=9, help="the square frame's side (at least 9)")
     args = p.parse_args()
     torch.set_num_threads(1)  # as the tests run
-    authors = load_authors(args.source)
+    authors = compare.load_authors("saunet", args.source)
     c, h = 28, args.size  # the authors' SAUNet fixes 28 bands and step 2, and crops to a square frame
     x, m = zc.scene((c, h, h), SEEDS["scene_seed"]), zc.mask((h, h), SEEDS["mask_seed"])
     op = CASSI(m, bands=c, step=2, backend="loop")  # one fixed backend: y is the same bits every run
     y = op(x)
-    meas, inp = authors_inputs(op, m, y)
+    meas, inp = compare.authors_inputs("saunet", op, m, y)
     ref = {"method": "saunet", "shape": [c, h, h], **SEEDS, "scene": x[0].clone(), "mask": m.clone(),
            "y": y[0].clone()}
     for k in (1, 2):

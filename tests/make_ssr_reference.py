@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import re
-import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
 
@@ -40,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import zoo_common as zc  # noqa: E402
 
 from cassi import CASSI  # noqa: E402
-from cassi.models.zoo import toolbox  # noqa: E402
+from cassi.models.zoo import compare, toolbox  # noqa: E402
 from cassi.models.zoo.ssr import SSR, authors_key  # noqa: E402
 
 SEEDS = {"scene_seed": 1, "mask_seed": 2, "positions_seed": 3, "weight_seed": 0}
@@ -85,39 +82,6 @@ def authors_keys(pattern: list[str], stages: int) -> list[str]:
     return out
 
 
-def load_authors(src) -> types.ModuleType:
-    """The authors' Model.py as a module, from a checkout or a bare git directory; ``.cuda()`` made a no-op."""
-    src = Path(src).expanduser().resolve()
-    if (src / "Model.py").is_file():
-        path = src / "Model.py"
-    elif (src / "HEAD").is_file() and (src / "objects").is_dir():
-        text = subprocess.run(["git", f"--git-dir={src}", "show", "HEAD:Model.py"], check=True, capture_output=True,
-                              text=True).stdout
-        path = Path(tempfile.mkdtemp(prefix="ssr_authors_")) / "Model.py"
-        path.write_text(text)
-    else:
-        raise FileNotFoundError(f"{src} holds no SSR Model.py (a checkout of ZhangJC-2k/SSR or its git directory)")
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    nn.Module.cuda = lambda self, *a, **k: self
-    spec = importlib.util.spec_from_file_location("ssr_authors_model", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def authors_inputs(op: CASSI, mask: torch.Tensor, y: torch.Tensor):
-    """(g, (Phi, PhiPhiT)) as the authors' Dataset.py gives them for one mask (H, W): the measurement (here
-    cassi's y), the mask per band, and Σ_c (mask placed at band c's offset)² with zeros set to 1."""
-    c, (h, w) = op.bands, mask.shape
-    phi = mask[None, None].expand(1, c, h, w).contiguous()
-    placed = torch.zeros(1, c, h, w + op.delta)
-    for i, d in enumerate(int(o) for o in op.offsets):
-        placed[:, i, :, d:d + w] = phi[:, i]
-    phi_s = (placed ** 2).sum(dim=1, keepdim=True)
-    phi_s[phi_s == 0] = 1
-    return y, (phi, phi_s)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("source", type=Path)
@@ -125,7 +89,7 @@ def main() -> None:
     p.add_argument("--size", nargs=2, type=int, default=[40, 64])
     args = p.parse_args()
     torch.set_num_threads(1)  # as the tests run
-    authors = load_authors(args.source)
+    authors = compare.load_authors("ssr", args.source)
     stages = STAGES[args.method]
     c, (h, w) = 28, args.size  # the authors' Net fixes 28 bands and step 2
     x, m = zc.scene((c, h, w), SEEDS["scene_seed"]), zc.mask((h, w), SEEDS["mask_seed"])
@@ -137,7 +101,7 @@ def main() -> None:
     keys = list(net.state_dict())
     assert sorted(authors_key(k) for k in keys) == sorted(state), "the key mapping is not one-to-one"
     net.load_state_dict({k: state[authors_key(k)] for k in keys}, strict=True)
-    g, inp = authors_inputs(op, m, y)
+    g, inp = compare.authors_inputs("ssr", op, m, y)
     with torch.no_grad():
         outs = net.eval()(g.clone(), input_mask=inp)
     params = {s: sum(p.numel() for p in authors.Net(types.SimpleNamespace(stage=k, bands=c, size=256)).parameters())

@@ -17,11 +17,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import zoo_common as zc  # noqa: E402
-from make_dpu_reference import authors_inputs, authors_keys, digest, grey_mask, seeded  # noqa: E402
+from make_dpu_reference import authors_keys, digest, grey_mask, seeded  # noqa: E402
 
 from cassi import CASSI  # noqa: E402
 from cassi.models import load_model  # noqa: E402
-from cassi.models.zoo import toolbox  # noqa: E402
+from cassi.models.zoo import compare, toolbox  # noqa: E402
 from cassi.models.zoo.dpu import DPU, _phi_s, authors_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ def test_phi_s_is_summed_as_the_authors_sum_it(ref):
     mask the operator's Φ (summed in float64) differs in the last bit, which the threshold would turn into a change
     of 1.4e-4 of the peak at the authors' 256×256 test frame (9 stages)."""
     op = CASSI(ref["mask"], bands=ref["shape"][0], step=2, backend="loop")
-    _, (_, theirs) = authors_inputs(op, ref["mask"], ref["y"])
+    _, (_, theirs) = compare.authors_inputs("dpu", op, ref["mask"], ref["y"])
     ours = _phi_s(toolbox.shifted_mask(op))
     assert torch.equal(ours, theirs)
     assert not torch.equal(toolbox.phi_s(op), theirs)  # the mask is grey enough to tell the two apart

@@ -25,7 +25,7 @@ from cassi.models import load_model
 from cassi.physics.masks import bernoulli_mask
 from cassi.solvers import GAPTV, psnr, textbook
 
-__all__ = ["benchmark_models", "benchmark_solvers", "model_spec", "paired_seconds", "models_markdown",
+__all__ = ["benchmark_models", "benchmark_solvers", "benchmark_zoo", "model_spec", "paired_seconds", "models_markdown",
            "solvers_markdown"]
 
 CONF = Path(__file__).resolve().parents[2] / "conf"  # the repository's Hydra configs
@@ -274,3 +274,65 @@ def benchmark_solvers(cfg: DictConfig) -> dict:
     print(md)
     print(f"wrote {dest / 'benchmark_solvers.md'} and {dest / 'benchmark_solvers.json'}")
     return result
+
+
+# ---------------------------------------------------------------------------------------------- the zoo
+ZOO_COLUMNS = ["method", "threads", "precision", "params (M)", "reference params (M)", "GFLOPs", "forward s",
+               "reference forward s", "× faster", "train step s", "reference train step s", "× faster (train)"]
+
+
+def _zoo_cells(r: dict) -> list[str]:
+    ratio = lambda a, b: f"{b / a:.2f}" if a and b else "–"  # noqa: E731
+    return [r["method"], str(r["threads"]), r.get("precision", "fp32"), f"{r['params'] / 1e6:.3f}",
+            f"{r['toolbox_params'] / 1e6:.3f}", f"{r['gflops']:.1f}", f"{r['forward_s']:.3f}", f"{r['toolbox_forward_s']:.3f}",
+            ratio(r["forward_s"], r["toolbox_forward_s"]), f"{r.get('train_step_s', 0):.3f}",
+            f"{r.get('toolbox_train_step_s', 0):.3f}", ratio(r.get("train_step_s"), r.get("toolbox_train_step_s"))]
+
+
+def benchmark_zoo(cfg: DictConfig) -> list[dict]:
+    """Each of ``cfg.methods`` against its reference code (``cfg.toolbox``, ``cfg.authors.<source>``) at each of
+    ``cfg.threads`` and ``cfg.precisions`` (:func:`cassi.models.zoo.compare.benchmark`): rows printed as they come,
+    ``benchmark_zoo.{md,json}`` in ``cfg.output_dir``. SystemExit naming the setting when a method's reference code
+    is not given or not found (before any timing), or when a row failed (the others kept)."""
+    from rich.console import Console
+
+    from cassi.models.zoo import compare
+    from cassi.models.zoo.toolbox import METHODS
+
+    console, rows, failed, out = Console(), [], [], Path(cfg.output_dir)
+    codes = {}  # each reference's code, loaded once (before any timing: a missing checkout fails first)
+    for method in cfg.methods:
+        source = METHODS[method].source if method in METHODS else None
+        if source is None:
+            raise SystemExit(f"error: unknown method {method!r}: one of {', '.join(sorted(METHODS))}")
+        if source not in codes:
+            try:
+                codes[source] = compare.reference_code(method, cfg.toolbox, cfg.authors, cfg.device)
+            except (ValueError, FileNotFoundError) as e:
+                raise SystemExit(f"error: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    for method in cfg.methods:
+        tb = codes[METHODS[method].source]
+        for threads in cfg.threads:
+            for precision in cfg.precisions:
+                try:
+                    rows.append(compare.benchmark(tb, method, cfg.size, cfg.batch, threads, cfg.repeats, cfg.train,
+                                                  cfg.device, precision))
+                except Exception as e:  # one method failing (e.g. the toolbox's code under bf16) loses no other row
+                    failed.append(f"{method} ({threads} threads, {precision}): {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}")
+                    console.print(f"[red]{failed[-1]}[/red]")
+                    continue
+                console.print(" | ".join(_zoo_cells(rows[-1])))
+                write_text_atomic(out / "benchmark_zoo.json", json.dumps(rows, indent=1))  # kept if stopped
+    table = ["| " + " | ".join(ZOO_COLUMNS) + " |", "|" + "---|" * len(ZOO_COLUMNS)]
+    table += ["| " + " | ".join(_zoo_cells(r)) + " |" for r in rows]
+    note = (f"\n{cfg.size}² × 28 bands, batch {cfg.batch}, on {cfg.device}; medians of {cfg.repeats} alternating calls; "
+            f"reference code: {', '.join(sorted(codes))}\n" + "".join(f"\nfailed: {f}" for f in failed))
+    write_text_atomic(out / "benchmark_zoo.md", "\n".join(table) + "\n" + note)
+    write_text_atomic(out / "benchmark_zoo.json", json.dumps(rows, indent=1))
+    console.print(f"wrote {out / 'benchmark_zoo.md'}")
+    if failed:
+        raise SystemExit(f"{len(failed)} row(s) failed: see {out / 'benchmark_zoo.md'}")
+    return rows
+
