@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from cassi.lightning.fit import native_bf16
+from cassi.workflows.fit import native_bf16
 from cassi.models.blocks import UNet
 
 

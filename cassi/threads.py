@@ -8,7 +8,7 @@ a spinning thread takes a core someone needs, and every region waits for a desch
 
 * :func:`cores` — the CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota (v1 or v2).
 * :func:`default_threads` — ``cores() // jobs()``, ``jobs()`` being the jobs started together that share
-  those cores (``CASSI_JOBS``, set by the sweep callback :class:`cassi.lightning.sweeps.ThreadShare` and by
+  those cores (``CASSI_JOBS``, set by the sweep callback :class:`cassi.workflows.sweeps.ThreadShare` and by
   the test suite for its workers), never more than torch's own default.
 * :func:`adapt` — while on ``auto``, one thread fewer for each other task that wants a CPU now
   (:func:`others`), at least one: called at every solver iteration and training or reconstruction step. Under

@@ -12,7 +12,7 @@ Exit status: 0 when the table was written (failed jobs included), 2 for bad argu
 import sys
 from pathlib import Path
 
-from cassi.lightning.sweeps import collect, latest_sweep
+from cassi.workflows.sweeps import collect, latest_sweep
 
 KEYS = {"sweep_dir": None, "sort": None, "mode": None, "out": None}
 

@@ -1,11 +1,11 @@
-"""Fit a learned model to a camera in one command (conf/fit_camera.yaml, cassi.lightning.fit).
+"""Fit a learned model to a camera in one command (conf/fit_camera.yaml, cassi.workflows.fit).
 
     python scripts/fit_camera.py camera=tsa_real budget_hours=3 output_dir=runs/fit_tsa_real
     python scripts/fit_camera.py camera.mask=mask.mat camera.noise.photons=3000 budget_hours=0.5 output_dir=runs/cam
     python scripts/fit_camera.py camera=tsa_simulation machine=gpu budget_hours=0.15 output_dir=runs/cave_tsa_gpu
 
 ``machine=auto`` (the default) is ``machine=gpu`` where torch sees a CUDA GPU, else ``machine=cpu_bf16`` on a CPU
-that computes bfloat16 in hardware (``cassi.lightning.fit.native_bf16``), else ``machine=cpu``.
+that computes bfloat16 in hardware (``cassi.workflows.fit.native_bf16``), else ``machine=cpu``.
 Writes output_dir/model.ckpt (load with ckpt=...) and output_dir/card.md; run it again to continue after a stop.
 """
 import sys
@@ -15,7 +15,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from cassi.lightning.fit import Machine, fit_camera, native_bf16, scene_side
+from cassi.workflows.fit import Machine, fit_camera, native_bf16, scene_side
 from cassi.physics.camera import Camera
 import cassi.threads
 

@@ -13,20 +13,15 @@ The work is :func:`cassi.workflows.card.model_card`.
     python scripts/model_card.py ckpt=runs/cave_tsa/checkpoints/best-epoch010-step2816.ckpt name=cave_tsa ship=true
     python scripts/model_card.py ckpt=pretrained/cave_tsa name=cave_tsa measure=across_masks validation.test.crop_grid=2
 """
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from cassi.workflows.card import CardError, model_card
+from cassi.workflows.card import card_job
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="model_card")
 def main(cfg: DictConfig) -> None:
-    try:
-        model_card(cfg)
-    except CardError as e:
-        sys.exit(f"error: {e}")
+    card_job(cfg)
 
 
 if __name__ == "__main__":

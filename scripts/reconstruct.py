@@ -14,12 +14,12 @@ scenes/<name>.json, summary.{md,csv,json} and index.html. Exit status: 0 when ev
 import sys
 
 import hydra
-import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from rich.console import Console
 
 import cassi.threads
+from cassi.lightning import seed_everything
 from cassi.lightning.module import ReconstructionModule
 from cassi.models import load_model
 
@@ -29,7 +29,7 @@ EXIT_FAILED_INPUTS = 3
 @hydra.main(version_base="1.3", config_path="../conf", config_name="reconstruct")
 def main(cfg: DictConfig) -> None:
     cassi.threads.configure(cfg.threads)
-    L.seed_everything(cfg.seed, workers=True)
+    seed_everything(cfg.seed, workers=True)
     console = Console()
     writer = instantiate(cfg.writer)
     datamodule = instantiate(cfg.data)

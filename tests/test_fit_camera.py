@@ -13,7 +13,7 @@ import scipy.io
 import torch
 from omegaconf import OmegaConf
 
-from cassi.lightning.fit import Machine, native_bf16, plan, scene_side
+from cassi.workflows.fit import CARD, TRAIN, Machine, native_bf16, plan, scene_side
 from cassi.models import Refiner, load_model
 from cassi.physics.camera import Camera
 
@@ -86,8 +86,8 @@ def test_plan_prices_the_machine():
 
 def fake_runs(monkeypatch, stage1_minutes=30):
     """The phases' runs replaced by a fake on a fake clock: stage 1 (pool included) takes ``stage1_minutes``, every
-    other run 30; the first run of stage 2 is stopped (Ctrl-C) after 10. Returns the runs' list (script, overrides)."""
-    import cassi.lightning.fit as fit_module
+    other run 30; the first run of stage 2 is stopped (Ctrl-C) after 10. Returns the runs' list (module, overrides)."""
+    import cassi.workflows.fit as fit_module
 
     now, runs = [0.0], []
     monkeypatch.setattr(fit_module.time, "monotonic", lambda: now[0])
@@ -95,21 +95,21 @@ def fake_runs(monkeypatch, stage1_minutes=30):
     def fake(script, overrides, log, tick=None):
         get = dict(o.split("=", 1) for o in overrides if "=" in o)
         runs.append((script, get))
-        if script == "train.py":  # what a run writes: the pool's count, then a validation per epoch
+        if script == TRAIN:  # what a run writes: the pool's count, then a validation per epoch
             run = Path(get["hydra.run.dir"])
             (run / "logs" / "version_0").mkdir(parents=True, exist_ok=True)
             log.write_text("[…][cassi.data.first_iterates][INFO] - first iterates: 76/768 scenes, 3.4 min\n")
         first = len(runs) == 1
         for k, minutes in enumerate((10, 10, stage1_minutes - 20 if first else 10)):  # booked at each step
             now[0] += 60 * minutes
-            if script == "train.py" and k:
+            if script == TRAIN and k:
                 with open(run / "logs" / "version_0" / "metrics.csv", "a") as f:
                     f.write("epoch,step,time/wall_min,val/psnr\n" if k == 1 else "")
                     f.write(f"{k - 1},{1024 * k - 1},{10.0 * k},{30 + k}\n")
             tick()
-            if script == "train.py" and "stage2" in get["hydra.run.dir"] and len(runs) == 2:
+            if script == TRAIN and "stage2" in get["hydra.run.dir"] and len(runs) == 2:
                 raise KeyboardInterrupt  # stopped 10 minutes into stage 2
-        if script == "train.py":
+        if script == TRAIN:
             (Path(get["hydra.run.dir"]) / "checkpoints").mkdir(parents=True, exist_ok=True)
             (Path(get["hydra.run.dir"]) / "checkpoints" / "best-epoch000.ckpt").write_bytes(b"")
         else:
@@ -123,7 +123,7 @@ def fake_runs(monkeypatch, stage1_minutes=30):
 def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path, monkeypatch):
     """Stage 1 (pool included) overruns its plan; stage 2 is stopped half-way and continued with the time it was
     given."""
-    import cassi.lightning.fit as fit_module
+    import cassi.workflows.fit as fit_module
 
     runs = fake_runs(monkeypatch)
     out = tmp_path / "fit"
@@ -135,7 +135,7 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     assert said[2:5] == ["  stage1: GAP-TV pool 76/768 scenes, 3.4 min",
                          "  stage1: step 1023, 10.0 min: validation 31.00 dB (best 31.00)",
                          "  stage1: step 2047, 20.0 min: validation 32.00 dB (best 32.00)"], said
-    state = json.loads((out / "plan.json").read_text())
+    state = json.loads((out / "plan.json").read_text())["progress"]
     assert state["spent_min"] == pytest.approx(40)  # stage 1's 30 and stage 2's first 10, kept across the stop
     assert runs[0][1]["trainer.max_time"] == f"00:00:{int(stage1.minutes):02d}:{round(stage1.minutes % 1 * 60):02d}"
     assert state["minutes"]["stage2"] == pytest.approx(60 - 5 - 30)  # what the budget had left, less the card's 5
@@ -157,21 +157,56 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     assert runs[2][1]["init_weights"] == str(moved / "stage1" / "checkpoints" / "best-epoch000.ckpt")
     assert "half" not in runs[2][1]
     assert runs[2][1]["data.batch_size"] == "4" and runs[2][1]["trainer.accelerator"] == "gpu"  # the recipe wins
-    assert runs[3][0] == "model_card.py" and (moved / "card.md").read_text() == "card"
+    assert runs[3][0] == CARD and (moved / "card.md").read_text() == "card"
     assert runs[3][1]["ckpt"] == str(moved / "stage2" / "checkpoints" / "best-epoch000.ckpt")
     assert "trainer.accelerator" not in runs[3][1] and runs[3][1]["half"] == "false"
-    assert json.loads((moved / "plan.json").read_text())["spent_min"] == pytest.approx(100)
+    assert json.loads((moved / "plan.json").read_text())["progress"]["spent_min"] == pytest.approx(100)
+
+
+def test_a_fit_begun_before_the_typed_plan_continues(tmp_path, monkeypatch):
+    """A plan.json of the older flat layout (plan and progress in one dict, no width: the machine's), stage 1 done
+    and stage 2 stopped 10 minutes in: the fit continues stage 2 with the time it was given, then rewrites plan.json
+    as {"plan": ..., "progress": ...}."""
+    import dataclasses
+
+    import cassi.workflows.fit as fit_module
+
+    runs = fake_runs(monkeypatch)
+    pool, phases = plan(1, noiseless=True, machine=CPU)
+    best = tmp_path / "stage1" / "checkpoints" / "best-epoch000.ckpt"
+    best.parent.mkdir(parents=True)
+    best.write_bytes(b"")
+    (tmp_path / "stage1" / "done.json").write_text(json.dumps({"best": "stage1/checkpoints/best-epoch000.ckpt"}))
+    flat = {"camera": ["camera=tsa_simulation"], "budget_hours": 1, "spent_min": 40.0,
+            "minutes": {"stage1": phases[0].minutes, "stage2": 25.0}, "pool": pool,
+            "phases": [dataclasses.asdict(p) for p in phases]}
+    (tmp_path / "plan.json").write_text(json.dumps(flat, indent=1))
+    machine = dataclasses.replace(CPU, train=["model.width=24"])
+    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=machine, echo=lambda *a: None)
+    assert [module for module, _ in runs] == [TRAIN, CARD]
+    stage2 = runs[0][1]
+    assert stage2["hydra.run.dir"] == str(tmp_path / "stage2") and stage2["init_weights"] == str(best)
+    assert stage2["trainer.max_time"] == "00:00:25:00" and stage2["model.width"] == "24"
+    assert float(stage2["callbacks.deadline.at"]) == pytest.approx(time.time() + 15 * 60, abs=30)  # 40 spent
+    state = json.loads((tmp_path / "plan.json").read_text())
+    assert state["plan"] == {"camera": ["camera=tsa_simulation"], "budget_hours": 1, "pool": pool,
+                             "phases": flat["phases"], "width": 24}
+    assert state["progress"]["spent_min"] == pytest.approx(100) and state["progress"]["minutes"]["stage2"] == 25
+    fixed, done = fit_module.read_state(tmp_path / "plan.json", [])
+    assert fixed.phases == phases and done.minutes == {"stage1": phases[0].minutes, "stage2": 25.0}
+    with pytest.raises(ValueError, match="holds a fit for camera"):  # another budget: refused, new layout or old
+        fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=2, machine=CPU)
 
 
 def test_an_init_with_three_u_nets_trains_its_first_two_at_a_short_budget(tmp_path, monkeypatch):
     """cave_any has three U-Nets: under three_stages_min the fit trains its first two together, one phase, its own
     pool."""
-    import cassi.lightning.fit as fit_module
+    import cassi.workflows.fit as fit_module
 
     runs = fake_runs(monkeypatch)
     fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
-    assert [script for script, _ in runs] == ["train.py", "model_card.py"]
+    assert [script for script, _ in runs] == [TRAIN, CARD]
     train = runs[0][1]
     assert train["hydra.run.dir"] == str(tmp_path / "stage2") and train["init_weights"] == "pretrained/cave_any"
     assert train["model.stages"] == "2" and train["data.train.stages"] == "1" and "data.train.cache" not in train
@@ -181,12 +216,12 @@ def test_an_init_with_three_u_nets_trains_its_first_two_at_a_short_budget(tmp_pa
 
 
 def test_at_a_long_budget_an_init_s_three_u_nets_train_together(tmp_path, monkeypatch):
-    import cassi.lightning.fit as fit_module
+    import cassi.workflows.fit as fit_module
 
     runs = fake_runs(monkeypatch)
     fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=3, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
-    assert [script for script, _ in runs] == ["train.py", "train.py", "model_card.py"]
+    assert [script for script, _ in runs] == [TRAIN, TRAIN, CARD]
     triple, large = runs[0][1], runs[1][1]
     assert triple["hydra.run.dir"] == str(tmp_path / "stage3") and triple["model.stages"] == "3"
     assert triple["init_weights"] == "pretrained/cave_any" and "data.train.cache" not in triple
@@ -201,7 +236,7 @@ def test_at_a_long_budget_an_init_s_three_u_nets_train_together(tmp_path, monkey
 
 
 def test_at_a_long_budget_a_third_u_net_is_grown_on_an_init_s_pair_and_its_pool(tmp_path, monkeypatch):
-    import cassi.lightning.fit as fit_module
+    import cassi.workflows.fit as fit_module
 
     runs = fake_runs(monkeypatch)
     two = fit_module.load_model("pretrained/cave_any")
@@ -209,7 +244,7 @@ def test_at_a_long_budget_a_third_u_net_is_grown_on_an_init_s_pair_and_its_pool(
     monkeypatch.setattr(fit_module, "load_model", lambda path: two)
     fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=3, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
-    assert [script for script, _ in runs] == ["train.py", "train.py", "model_card.py"]
+    assert [script for script, _ in runs] == [TRAIN, TRAIN, CARD]
     pair, triple = runs[0][1], runs[1][1]
     assert pair["model.stages"] == "2" and pair["init_weights"] == "pretrained/cave_any"
     assert triple["hydra.run.dir"] == str(tmp_path / "stage3") and triple["model.stages"] == "3"
@@ -225,7 +260,7 @@ def test_the_u_nets_width_is_the_machine_s_raised_to_the_init_s_and_fixed_by_the
     narrows), and a fit continued on a machine of another width keeps the width it was planned at."""
     import dataclasses
 
-    import cassi.lightning.fit as fit_module
+    import cassi.workflows.fit as fit_module
 
     three = {"stages": 3, "depth": 4}
     assert fit_module.unet_width(["model.width=32"], {**three, "width": 16}) == 32
@@ -243,36 +278,36 @@ def test_the_u_nets_width_is_the_machine_s_raised_to_the_init_s_and_fixed_by_the
     lines = []
     fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=bf16, echo=lines.append,
                           init="pretrained/cave_any")
-    assert runs[0][0] == "train.py" and runs[0][1]["model.width"] == "48"
+    assert runs[0][0] == TRAIN and runs[0][1]["model.width"] == "48"
     assert any("width 48" in line for line in lines), lines
-    assert json.loads((tmp_path / "plan.json").read_text())["width"] == 48
+    assert json.loads((tmp_path / "plan.json").read_text())["plan"]["width"] == 48
     # stopped before its end, continued on a float32 CPU (machine=cpu names no width): still 48
     (tmp_path / "model.ckpt").unlink()
     (tmp_path / "stage2" / "done.json").unlink()
     fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
-    assert runs[2][0] == "train.py" and runs[2][1]["model.width"] == "48" and "trainer.precision" not in runs[2][1]
+    assert runs[2][0] == TRAIN and runs[2][1]["model.width"] == "48" and "trainer.precision" not in runs[2][1]
     # a recipe's width has the last word over the machine's, raised to the init's like the machine's
     for init_width, want in ((48, 48), (16, 16)):
         wide.config = {**wide.config, "width": init_width}
         out, start, said = tmp_path / f"recipe{init_width}", len(runs), []
         fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, machine=bf16, echo=said.append,
                               init="pretrained/cave_any", recipe=["model.width=16"])
-        widths = [r["model.width"] for s, r in runs[start:] if s == "train.py"]
+        widths = [r["model.width"] for s, r in runs[start:] if s == TRAIN]
         assert widths and set(widths) == {str(want)}, widths
         # the fit says the width it trains at (not the machine's 32)
         assert [line for line in said if "training phase(s)" in line and f"U-Nets of width {want}," in line], said
-        assert json.loads((out / "plan.json").read_text())["width"] == want
+        assert json.loads((out / "plan.json").read_text())["plan"]["width"] == want
 
 
 def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_path, monkeypatch):
-    import cassi.lightning.fit as fit_module
+    import cassi.workflows.fit as fit_module
 
     runs = fake_runs(monkeypatch, stage1_minutes=51)  # 4 of stage 2's 24 planned minutes are left (5: the card's)
     said = []
     fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=said.append,
                           recipe=["project=false", "half=false", "ensemble=false", "data.batch_size=4"])
-    assert [script for script, _ in runs] == ["train.py", "model_card.py"]
+    assert [script for script, _ in runs] == [TRAIN, CARD]
     # the recipe's card settings go to the card, the rest to training
     assert runs[1][1]["project"] == runs[1][1]["half"] == runs[1][1]["ensemble"] == "false"
     assert "data.batch_size" not in runs[1][1]
@@ -283,13 +318,12 @@ def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_p
 
 
 def test_a_phase_run_survives_failing_ticks_and_ends_with_the_fit_process(tmp_path, monkeypatch):
-    import cassi.lightning.fit as fit_module
+    import cassi.workflows.fit as fit_module
 
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    (scripts / "nap.py").write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n"
-                                    "time.sleep(float(sys.argv[2]))\n")
-    monkeypatch.setattr(fit_module, "SCRIPTS", scripts)
+    (tmp_path / "nap.py").write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                                     "time.sleep(float(sys.argv[2]))\n")
+    # the module a phase's run starts (python -m nap), found as cassi is: through the environment
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setattr(fit_module, "TICK_S", 0.05)
     ticks = []
 
@@ -297,11 +331,11 @@ def test_a_phase_run_survives_failing_ticks_and_ends_with_the_fit_process(tmp_pa
         ticks.append(1)
         raise ValueError("a metrics.csv cut short")
 
-    fit_module._run("nap.py", [str(tmp_path / "a.pid"), "1"], tmp_path / "a.log", tick=tick)
+    fit_module._run("nap", [str(tmp_path / "a.pid"), "1"], tmp_path / "a.log", tick=tick)
     assert len(ticks) >= 3  # each failure reported, the run went on to its end
     # the fit process killed outright (no handler of its own runs): its phase's run does not go on alone
-    code = (f"import pathlib, cassi.lightning.fit as m; m.SCRIPTS = pathlib.Path({str(scripts)!r}); "
-            f"m._run('nap.py', [{str(tmp_path / 'b.pid')!r}, '120'], pathlib.Path({str(tmp_path / 'b.log')!r}))")
+    code = (f"import pathlib, cassi.workflows.fit as m; "
+            f"m._run('nap', [{str(tmp_path / 'b.pid')!r}, '120'], pathlib.Path({str(tmp_path / 'b.log')!r}))")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     deadline = time.monotonic() + 240  # a guard against a hang: a loaded 2-core machine took over 60 s to start it
     while not (tmp_path / "b.pid").is_file() or not (tmp_path / "b.pid").read_text():
@@ -325,6 +359,18 @@ def test_a_phase_run_survives_failing_ticks_and_ends_with_the_fit_process(tmp_pa
         pytest.fail("the phase's run outlived the fit process")
 
 
+def test_the_phases_jobs_run_as_modules_on_the_repository_s_configs(tmp_path):
+    """python -m cassi.workflows.train / .card, from any folder: their configs are the repository's conf/ (an
+    absolute config_path), the card's Hydra job named as the script's (its log: model_card.log)."""
+    for module, args, name in ((TRAIN, ["experiment=cave_tsa"], "train"), (CARD, ["ckpt=x", "name=y"], "model_card")):
+        r = subprocess.run([sys.executable, "-m", module, *args, "--cfg", "hydra"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        hydra = OmegaConf.create(r.stdout).hydra
+        assert hydra.job.name == hydra.job.config_name == name
+        assert str(ROOT / "conf") in [s.path for s in hydra.runtime.config_sources]
+
+
 @pytest.mark.parametrize("cuda, bf16, given, scene_s, accelerator", [
     (False, False, [], 1.5, False), (False, True, [], 1.5, False), (True, True, [], 0.1, True),
     (True, False, ["machine.scene_s=2"], 2, True)])
@@ -332,7 +378,7 @@ def test_the_default_machine_is_the_gpu_where_there_is_one(tmp_path, cuda, bf16,
     """machine=auto (the default) takes gpu.yaml's settings where torch sees CUDA, else cpu_bf16.yaml's (cpu.yaml's
     and bf16 mixed precision) on a CPU with bfloat16 in hardware, else cpu.yaml's, under the keys given; here stopped
     by a budget of 0 at the plan, after the lines that name the pick and the Machine built."""
-    code = (f"import runpy, sys, torch, cassi.lightning.fit as f; torch.cuda.is_available = lambda: {cuda}; "
+    code = (f"import runpy, sys, torch, cassi.workflows.fit as f; torch.cuda.is_available = lambda: {cuda}; "
             f"f.native_bf16 = lambda: {bf16}; "
             f"sys.argv = ['fit_camera.py', 'budget_hours=0', 'output_dir={tmp_path / 'fit'}', *{given!r}]; "
             f"runpy.run_path('scripts/fit_camera.py', run_name='__main__')")
@@ -387,7 +433,7 @@ def test_the_scenes_follow_a_smaller_mask_and_bad_cameras_are_named():
 
 
 def test_a_smaller_mask_s_scenes_reach_training_and_the_card(tmp_path, monkeypatch):
-    import cassi.lightning.fit as fit_module
+    import cassi.workflows.fit as fit_module
 
     runs = fake_runs(monkeypatch)
     said = []
@@ -457,6 +503,6 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     log = (out / "card.log").read_text()
     assert "across masks: bernoulli_0.5" in log and "is another camera's" not in log
     assert "across masks: tsa_simulation" in log  # another file's mask, read without the camera's key
-    assert json.loads((out / "plan.json").read_text())["camera"] == ["camera.noise.photons=3000", *camera]
+    assert json.loads((out / "plan.json").read_text())["plan"]["camera"] == ["camera.noise.photons=3000", *camera]
     again = fit(out, *camera, init=init)  # everything done: nothing is redone
     assert again.returncode == 0 and "stage1: done" in again.stdout

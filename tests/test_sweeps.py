@@ -14,7 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from cassi.lightning.sweeps import collect
+from cassi.workflows.sweeps import collect
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -252,7 +252,7 @@ def test_launcher_runs_a_two_job_sweep(tmp_path, launcher):
     recs = records(out)
     assert sorted(recs) == ["0", "1"] and all(r["status"] == "completed" for r in recs.values())
     assert all((out / j / "test_results.json").is_file() for j in recs)
-    # the two jobs run at once and share the cores (cassi.lightning.sweeps.ThreadShare): half of them at most each
+    # the two jobs run at once and share the cores (cassi.workflows.sweeps.ThreadShare): half of them at most each
     assert [r["jobs_sharing_cores"] for r in recs.values()] == ["2", "2"], recs
     share = max(1, len(os.sched_getaffinity(0)) // 2)
     assert all(1 <= r["threads"] <= share for r in recs.values()), recs

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from cassi import CASSI, threads
 from cassi.data.synthetic import synthetic_cube
-from cassi.lightning.sweeps import ThreadShare, parallel_jobs
+from cassi.workflows.sweeps import ThreadShare, parallel_jobs
 from cassi.physics.masks import bernoulli_mask
 from cassi.solvers import GAPTV
 

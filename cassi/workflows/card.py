@@ -5,9 +5,11 @@ markdown and its reference input are :mod:`cassi.models.card`'s."""
 from __future__ import annotations
 
 import io
+import sys
 import tempfile
 from pathlib import Path
 
+import hydra
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -23,14 +25,15 @@ from cassi.models.camera import other_masks_expected
 from cassi.models.card import card_markdown, masks_section, reference_input, reference_output
 from cassi.models.checkpoint import PRETRAINED_DIR
 from cassi.physics.camera import Camera
+from cassi.workflows import CONF
 
-__all__ = ["CardError", "model_card", "measure_shipped", "score", "mean_psnr", "across_masks", "choose",
+__all__ = ["CardError", "card_job", "model_card", "measure_shipped", "score", "mean_psnr", "across_masks", "choose",
            "choose_half", "ship"]
 
 
 class CardError(ValueError):
-    """A model card job refused before (or instead of) its work; ``scripts/model_card.py`` exits with
-    ``error: <message>``."""
+    """A model card job refused before (or instead of) its work; ``scripts/model_card.py`` (and ``python -m
+    cassi.workflows.card``) exits with ``error: <message>``."""
 
 
 def score(cfg: DictConfig, reconstructor, operator, split: str) -> list[dict]:
@@ -188,3 +191,22 @@ def model_card(cfg: DictConfig) -> None:
     write_text_atomic(path, text)
     print(text)
     print(f"wrote {path}" + (f" and {out / cfg.name}.ckpt" if cfg.ship else ""))
+
+
+def card_job(cfg: DictConfig) -> None:
+    """:func:`model_card` as a command runs it: a refused job exits with ``error: <message>`` (status 1)."""
+    try:
+        model_card(cfg)
+    except CardError as e:
+        sys.exit(f"error: {e}")
+
+
+@hydra.main(version_base="1.3", config_path=CONF, config_name="model_card")
+def main(cfg: DictConfig) -> None:
+    """``python -m cassi.workflows.card <overrides>``: the job of ``scripts/model_card.py`` as a module (a fit's card
+    runs so)."""
+    card_job(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
 """Fit a learned model to a camera in one command (scripts/fit_camera.py): the recipe that made cave_tsa, planned to a
 wall-clock budget and resumable at any moment.
 
-Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
+Phases, each a training job (:func:`cassi.workflows.train.train`) in a fresh process (``python -m
+cassi.workflows.train``) in its own folder ``D/<phase>``:
 
 1. ``stage1``: GAP-TV corrected by one residual U-Net (``model=refiner``), started from ``init`` (its first U-Net,
    carried to the camera's bands and dispersion axis: ``transfer_weights``), that also reads the mask
@@ -18,13 +19,14 @@ Phases, each a ``scripts/train.py`` run in its own folder ``D/<phase>``:
    the three trained together on the same pool; from an ``init`` with three (``cave_any``) at long budgets the
    three, then ``stage3_large``: the three trained on from stage 3's best on 128² windows of the same pool.
 4. ``card``: the best checkpoint scored beside A⁺y and GAP-TV on the validation windows (the quadrants of the
-   validation scenes it was chosen on) and the test scenes
-   (``scripts/model_card.py``), written as ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
+   validation scenes it was chosen on) and the test scenes (``python -m cassi.workflows.card``), written as
+   ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
 
 A phase that finished leaves ``D/<phase>/done.json`` (its best checkpoint named relative to ``D``, so that a fit
 can be moved, e.g. from a GPU machine, and continued); run the same command again after a stop and it continues:
 finished phases are kept, an unfinished training resumes from its ``last.ckpt``, an unfinished pool from its
-pieces. The time spent is booked in ``D/plan.json`` as it goes (kills included); the last phase trains until the
+pieces. ``D/plan.json`` holds the plan (:class:`Plan`, made at the first run and kept) and the progress
+(:class:`Progress`: the time spent, booked as it goes, kills included); the last phase trains until the
 budget's end, less the card's reserve (:func:`reserve`), from whenever its training loop starts
 (``callbacks.deadline``: the pool's time is an estimate, ``machine.scene_s``); with two stages the second is skipped
 when what the budget has left is under a fifth of its plan.
@@ -47,12 +49,14 @@ from cassi.io import write_text_atomic
 from cassi.models import load_model
 from cassi.models.refine import stage_shapes
 
-__all__ = ["Machine", "Phase", "native_bf16", "plan", "progress", "fit_camera", "unet_width", "scene_side"]
+__all__ = ["Machine", "Phase", "Plan", "Progress", "native_bf16", "plan", "progress", "fit_camera", "unet_width",
+           "scene_side", "read_state", "write_state"]
 
 logger = logging.getLogger(__name__)
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+TRAIN = "cassi.workflows.train"  # the phases' jobs, each run as a module in a fresh process (python -m ...)
+CARD = "cassi.workflows.card"
 TICK_S = 30  # s between bookings of the time spent (and progress lines) while a phase runs
-# recipe overrides for model_card.py, not train.py
+# recipe overrides for the card's job, not training's
 CARD_KEYS = ("validation.", "test.", "baselines.", "masks_baseline.", "half=", "project=", "ensemble=", "across_masks")
 SCENE = 256                # px: the side of the pool's scenes and validation windows, where the mask allows
 WINDOW = 64                # px: the side of the training windows (the last phase's at long budgets: scene // 2)
@@ -66,6 +70,47 @@ class Phase:
     name: str
     minutes: float            # wall-clock share of the budget for its training loop
     overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """What a fit does, fixed at its first run (``plan.json``'s "plan"; a fit continued elsewhere keeps it): the
+    camera's overrides, the budget, the pool's size (scenes), the training phases and the U-Nets' width (the
+    machine's or recipe's raised to the init's: :func:`unet_width`; None: the model config's)."""
+    camera: list[str]
+    budget_hours: float
+    pool: int
+    phases: list[Phase]
+    width: int | str | None = None
+
+
+@dataclass
+class Progress:
+    """How far a fit went (``plan.json``'s "progress"): the minutes spent (booked as it goes, kills included) and
+    each phase's training minutes, fixed when it first starts (a resume keeps them)."""
+    spent_min: float = 0.0
+    minutes: dict[str, float] = field(default_factory=dict)
+
+
+def write_state(path: Path, fixed: Plan, done: Progress) -> None:
+    """Write ``{"plan": ..., "progress": ...}`` to ``path`` (plan.json), atomically (a kill leaves the old one)."""
+    write_text_atomic(path, json.dumps({"plan": asdict(fixed), "progress": asdict(done)}, indent=1))
+
+
+def read_state(path: Path, train: list[str]) -> tuple[Plan, Progress] | None:
+    """The plan and progress in ``path`` (plan.json), None where there is none. An older fit's flat layout (one
+    dict: camera, budget_hours, pool, phases, [width,] spent_min, minutes) is read too, so that it continues; one
+    without a width trains at ``train``'s (the overrides it was continued with), as it did."""
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if "plan" not in data:  # the flat layout
+        data = {"plan": {**{k: data[k] for k in ("camera", "budget_hours", "pool", "phases")},
+                         "width": data["width"] if "width" in data else unet_width(train, {})},
+                "progress": {"spent_min": data.get("spent_min", 0.0), "minutes": data.get("minutes", {})}}
+    fixed = data["plan"]
+    return (Plan(**{**fixed, "phases": [Phase(**p) for p in fixed["phases"]]}),
+            Progress(**data["progress"]))
 
 
 @dataclass
@@ -211,12 +256,13 @@ def _die_with_parent() -> None:
         pass
 
 
-def _run(script: str, overrides: list[str], log: Path, tick=None) -> None:
-    """Run a script in a fresh process, its output appended to ``log``; ``tick()`` is called every ``TICK_S`` while
-    it runs (fit_camera books the time spent; a failing tick is reported, never fatal). The child ends with this
-    process: on Ctrl-C, SIGTERM or an error here it is stopped (SIGTERM, then SIGKILL after 10 s), on a SIGKILL of
-    this process the kernel stops it. RuntimeError naming the log when it fails."""
-    cmd = [sys.executable, str(SCRIPTS / script), *overrides]
+def _run(module: str, overrides: list[str], log: Path, tick=None) -> None:
+    """Run a module's job (``python -m <module> <overrides>``) in a fresh process, its output appended to ``log``;
+    ``tick()`` is called every ``TICK_S`` while it runs (fit_camera books the time spent; a failing tick is reported,
+    never fatal). The child ends with this process: on Ctrl-C, SIGTERM or an error here it is stopped (SIGTERM, then
+    SIGKILL after 10 s), on a SIGKILL of this process the kernel stops it. RuntimeError naming the log when it
+    fails."""
+    cmd = [sys.executable, "-m", module, *overrides]
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
@@ -243,7 +289,7 @@ def _run(script: str, overrides: list[str], log: Path, tick=None) -> None:
             raise
     if code != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
-        raise RuntimeError(f"{script} failed (exit {code}); its log: {log}\n{tail}")
+        raise RuntimeError(f"{module} failed (exit {code}); its log: {log}\n{tail}")
 
 
 def progress(run: Path) -> str | None:
@@ -292,29 +338,25 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "plan.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    if state and (state.get("camera") != camera_overrides or state.get("budget_hours") != budget_hours):
-        raise ValueError(f"{out} holds a fit for camera {state.get('camera')} and budget {state.get('budget_hours')} h; "
+    train = [*machine.train, *(recipe or [])]  # a recipe's model.width= (e.g. 16 under cpu_bf16) has the last word
+    state = read_state(state_path, train)
+    if state and (state[0].camera != camera_overrides or state[0].budget_hours != budget_hours):
+        raise ValueError(f"{out} holds a fit for camera {state[0].camera} and budget {state[0].budget_hours} h; "
                          f"give the same camera and budget to continue it, or another output_dir")
     if scene < SCENE:
         echo(f"fit_camera: scenes and validation windows of {scene}² px, the mask's smaller side (under {SCENE})")
-    train = [*machine.train, *(recipe or [])]  # a recipe's model.width= (e.g. 16 under cpu_bf16) has the last word
-    if "phases" in state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
-        size, phases = state["pool"], [Phase(**p) for p in state["phases"]]
+    if state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
+        fixed, done = state
     else:
         config = getattr(load_model(init), "config", {}) if init else {}
         size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=config.get("stages", 1), scene=scene)
-        state["width"] = unet_width(train, config)
-        if unet_width(train, {}) not in (None, state["width"]):  # the machine or recipe named a narrower width
-            echo(f"fit_camera: U-Nets of width {state['width']}, the init's, wider than the machine's or recipe's "
+        fixed, done = Plan(camera_overrides, budget_hours, size, phases, unet_width(train, config)), Progress()
+        if unet_width(train, {}) not in (None, fixed.width):  # the machine or recipe named a narrower width
+            echo(f"fit_camera: U-Nets of width {fixed.width}, the init's, wider than the machine's or recipe's "
                  f"(a U-Net can be widened, not narrowed)")
-    if "width" in state:  # fixed by the plan (a fit continued on a machine of another width keeps its own)
-        width = state["width"]
-        train = [o for o in train if not o.startswith("model.width=")] + ([f"model.width={width}"] if width else [])
-    state.setdefault("camera", camera_overrides)
-    state.setdefault("budget_hours", budget_hours)
-    state.setdefault("spent_min", 0.0)
-    state.setdefault("minutes", {})  # each phase's training time, fixed when it first starts (a resume keeps it)
+    # the width fixed by the plan (a fit continued on a machine of another width keeps its own)
+    train = [o for o in train if not o.startswith("model.width=")] + ([f"model.width={fixed.width}"]
+                                                                      if fixed.width else [])
     clock, shown = time.monotonic(), None
 
     def save(book: bool = True, run: Path | None = None) -> None:
@@ -325,54 +367,51 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
             echo(f"  {run.name}: {line}")
         now = time.monotonic()
         if book:
-            state["spent_min"] += (now - clock) / 60
+            done.spent_min += (now - clock) / 60
         clock = now
-        write_text_atomic(state_path, json.dumps({**state, "pool": size, "phases": [asdict(p) for p in phases]},
-                                                 indent=1))
+        write_state(state_path, fixed, done)
 
     save(book=False)
     stop = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is threading.main_thread():  # SIGTERM (kill, a scheduler) ends the run in it too
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        return _phases(out, state, phases, size, camera_overrides, train, init, save, echo)
+        return _phases(out, fixed, done, train, init, save, echo)
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, stop)
 
 
-def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overrides: list[str], recipe, init,
-            save, echo) -> Path:
+def _phases(out: Path, fixed: Plan, done: Progress, recipe, init, save, echo) -> Path:
     """fit_camera's phases in turn (those done are kept), then the card."""
-    budget_hours = state["budget_hours"]
-    width = state.get("width")  # fixed by the plan: the machine's, the recipe's, raised to the init's
+    budget_hours, phases, size, width = fixed.budget_hours, fixed.phases, fixed.pool, fixed.width
     echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, "
          f"U-Nets of width {width if width is not None else 'the model config sets'}, budget {budget_hours:g} h "
-         f"({state['spent_min']:.1f} min spent before) -> {out}")
-    base = ["experiment=cave_tsa", "model.mask_input=true", *camera_overrides,
+         f"({done.spent_min:.1f} min spent before) -> {out}")
+    base = ["experiment=cave_tsa", "model.mask_input=true", *fixed.camera,
             f"data.train.cubes.samples_per_epoch={size}", "data.train.cubes.spectral_shift=10",
             "data.train.cubes.spectral_stretch=0.05", "data.train.cubes.zoom=1", f"data.train.patch_size={WINDOW}",
             "test=false", "callbacks.progress=null"]
     previous = None
     for phase in phases:
         run = out / phase.name
-        done = run / "done.json"
-        if done.is_file():
-            previous = out / json.loads(done.read_text())["best"]  # relative (a fit's folder can be moved)
+        finished = run / "done.json"
+        if finished.is_file():
+            previous = out / json.loads(finished.read_text())["best"]  # relative (a fit's folder can be moved)
             echo(f"  {phase.name}: done ({previous.name})")
             continue
         run.mkdir(exist_ok=True)
         last = run / "checkpoints" / "last.ckpt"
         # the last phase trains until the budget's end (less the card's reserve), however long its pool takes: the
         # plan's pool time is an estimate (machine.scene_s), cameras differ, and what a faster pool leaves is training's
-        end = budget_hours * 60 - reserve(budget_hours * 60) - state["spent_min"]
-        if phase.name not in state["minutes"]:
-            state["minutes"][phase.name] = end if phase is phases[-1] and len(phases) > 1 else phase.minutes
+        end = budget_hours * 60 - reserve(budget_hours * 60) - done.spent_min
+        if phase.name not in done.minutes:
+            done.minutes[phase.name] = end if phase is phases[-1] and len(phases) > 1 else phase.minutes
             save()
-        left = state["minutes"][phase.name]
+        left = done.minutes[phase.name]
         if previous is not None and left < 0.2 * phase.minutes:  # too little left for it to pay: the last one stands
             echo(f"  {phase.name}: skipped, {max(left, 0):.1f} of its planned {phase.minutes:.1f} min are left")
-            write_text_atomic(done, json.dumps({"best": _relative(previous, out), "skipped": True}))
+            write_text_atomic(finished, json.dumps({"best": _relative(previous, out), "skipped": True}))
             continue
         left = max(1.0, left)
         deadline = [f"callbacks.deadline.at={time.time() + 60 * max(end, 1.0):.0f}"] if phase is phases[-1] else []
@@ -387,19 +426,19 @@ def _phases(out: Path, state: dict, phases: list[Phase], size: int, camera_overr
                 else f"for up to {left:.1f} min")
         echo(f"  {phase.name}: training {span}{' (resumed)' if last.is_file() else ''}; "
              f"log {run / 'console.log'}")
-        _run("train.py", overrides, run / "console.log", tick=lambda: save(run=run))  # train.log: Hydra's own
+        _run(TRAIN, overrides, run / "console.log", tick=lambda: save(run=run))  # train.log: Hydra's own
         save()
         previous = _best(run)
         if previous is None:
             raise RuntimeError(f"{phase.name} wrote no best checkpoint in {run / 'checkpoints'}")
-        write_text_atomic(done, json.dumps({"best": _relative(previous, out)}))
+        write_text_atomic(finished, json.dumps({"best": _relative(previous, out)}))
         echo(f"  {phase.name}: best {previous.name}")
     model = out / "model.ckpt"
     if not model.is_file():
         echo("  card: scoring the model beside A⁺y and GAP-TV")
-        _run("model_card.py", [f"ckpt={previous}", "name=model", "ship=true", f"out_dir={out}", *camera_overrides,
-                               "validation.test.crop_grid=2",  # the validation windows the checkpoint was chosen on
-                               f"hydra.run.dir={out / 'card_run'}", *[o for o in recipe or [] if o.startswith(CARD_KEYS)]],
+        _run(CARD, [f"ckpt={previous}", "name=model", "ship=true", f"out_dir={out}", *fixed.camera,
+                    "validation.test.crop_grid=2",  # the validation windows the checkpoint was chosen on
+                    f"hydra.run.dir={out / 'card_run'}", *[o for o in recipe or [] if o.startswith(CARD_KEYS)]],
              out / "card.log", tick=save)
         save()
         shutil.move(str(out / "model.md"), out / "card.md")
