@@ -1,5 +1,4 @@
 """Shipped models (cassi/pretrained/<name>.ckpt + <name>.md card + <name>.reference.pt) and the model-card job."""
-import json
 import logging
 import os
 import re

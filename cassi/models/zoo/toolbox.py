@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from cassi.models.unrolled import Reconstructor, _config
+from cassi.models.unrolled import Reconstructor
 from cassi.registry import resolve
 
 __all__ = ["ToolboxModel", "shift_back", "shifted_mask", "phi_s", "mask3d", "integer_offsets", "roll_bands",
