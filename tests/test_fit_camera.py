@@ -13,7 +13,7 @@ import scipy.io
 import torch
 from omegaconf import OmegaConf
 
-from cassi.workflows.fit import CARD, TRAIN, Machine, native_bf16, plan, scene_side
+from cassi.workflows.fit import CARD, TRAIN, Machine, fit_camera, native_bf16, plan, scene_side
 from cassi.models import Refiner, load_model
 from cassi.physics.camera import Camera
 
@@ -399,6 +399,19 @@ def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):
     nm = "[" + ",".join(str(450 + 10 * c) for c in range(28)) + "]"
     r = fit(tmp_path / "fit", f"camera.wavelengths={nm}")
     assert r.returncode != 0 and "2 band(s) at 710, 720 nm lie outside the 400–700 nm" in r.stderr
+    assert not (tmp_path / "fit" / "stage1").exists()
+
+
+def test_an_init_that_is_not_a_refiner_is_refused_before_any_work(tmp_path):
+    """A published model (here MST-S, as convert_checkpoint.py writes it) as init=: one line naming it, no phase run."""
+    from cassi.models.zoo import toolbox
+
+    mst = toolbox.build("mst_s")
+    torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in mst.state_dict().items()},
+                "cassi": {"model": mst.config, "geometry": {"offsets": [2.0 * c for c in range(28)], "axis": "w",
+                                                            "bands": 28}, "wavelengths": None}}, ckpt := tmp_path / "m.ckpt")
+    with pytest.raises(ValueError, match=f"init={ckpt} holds a MST: a fit trains the Refiner recipe"):
+        fit_camera(tmp_path / "fit", ["camera=tsa_simulation"], CPU, budget_hours=0.5, init=str(ckpt))
     assert not (tmp_path / "fit" / "stage1").exists()
 
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from cassi.io import write_text_atomic
 from cassi.models import load_model
-from cassi.models.refine import stage_shapes
+from cassi.models.refine import Refiner, stage_shapes
 
 __all__ = ["Machine", "Phase", "Plan", "Progress", "native_bf16", "plan", "progress", "fit_camera", "unet_width",
            "scene_side", "read_state", "write_state"]
@@ -348,7 +348,13 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     if state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
         fixed, done = state
     else:
-        config = getattr(load_model(init), "config", {}) if init else {}
+        start = load_model(init) if init else None
+        if start is not None and not isinstance(start, Refiner):
+            raise ValueError(f"init={init} holds a {type(start).__name__}: a fit trains the Refiner recipe (GAP-TV "
+                             f"corrected by U-Nets) and starts from a Refiner checkpoint (pretrained/cave_any, a fit's "
+                             f"model.ckpt) or from scratch (init=null); fitting another model to a camera is not "
+                             f"supported yet")
+        config = getattr(start, "config", {})
         size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=config.get("stages", 1), scene=scene)
         fixed, done = Plan(camera_overrides, budget_hours, size, phases, unet_width(train, config)), Progress()
         if unet_width(train, {}) not in (None, fixed.width):  # the machine or recipe named a narrower width
