@@ -177,3 +177,22 @@ def test_a_tiny_training_on_the_mixture(content, tmp_path, shared_data):
     assert np.isfinite(value)
     names = torch.load(tmp_path / "first_iterates.pt", weights_only=False)["names"]
     assert len(names) == 3 and all(n.split(":")[0] in "012" for n in names)  # the mixture's scenes, by source
+
+
+def test_fetch_into_a_relative_root_hands_the_unpackers_absolute_folders(tmp_path, monkeypatch):
+    """pip and apt-get run with the temporary folder as their working directory: a relative root doubled there."""
+    seen = []
+
+    def unpack(src, tmp, out):
+        seen.append(tmp)
+        for m in src.members:
+            if "*" not in m and "LICENSE" not in m:
+                (out / Path(m).name).write_bytes(b"data")
+        return "pkg.whl"
+
+    monkeypatch.setattr(sources, "_unpack_wheel", unpack)
+    monkeypatch.chdir(tmp_path)
+    done = sources.fetch(["skimage"], root="data/content", log=lambda line: None)
+    assert seen and all(p.is_absolute() for p in seen)
+    assert done["skimage"] == tmp_path / "data" / "content" / "skimage"
+    assert (done["skimage"] / "SOURCE.json").is_file()

