@@ -3,6 +3,7 @@
     python scripts/fit_camera.py camera=tsa_real budget_hours=3 output_dir=runs/fit_tsa_real
     python scripts/fit_camera.py camera.mask=mask.mat camera.noise.photons=3000 budget_hours=0.5 output_dir=runs/cam
     python scripts/fit_camera.py camera=tsa_simulation machine=gpu budget_hours=0.15 output_dir=runs/cave_tsa_gpu
+    python scripts/fit_camera.py camera=tsa_real init=dpu_5stg.ckpt budget_hours=1 output_dir=runs/dpu_real
 
 ``machine=auto`` (the default) is ``machine=gpu`` where torch sees a CUDA GPU, else ``machine=cpu_bf16`` on a CPU
 that computes bfloat16 in hardware (``cassi.workflows.fit.native_bf16``), else ``machine=cpu``.
@@ -50,7 +51,7 @@ def main(cfg: DictConfig) -> None:
     try:
         fit_camera(cfg.output_dir, camera_overrides, machine, cfg.budget_hours, noiseless,
                    [f"threads={cfg.threads}", *cfg.recipe], cfg.pool,
-                   init=cfg.init, scene=scene)
+                   init=cfg.init, scene=scene, bands=cam.bands)
     except (RuntimeError, ValueError) as e:
         sys.exit(f"error: {e}")
 

@@ -113,7 +113,7 @@ def _record(folder: Path, name: str) -> None:
 @pytest.fixture(scope="session")
 def content(tmp_path_factory):
     """A content root with stand-ins: earthlib (an ENVI library of 3 spectra in micrometres), psychtoolbox (two
-    sets, one uint16 scaled by 4096), skimage (two colour photographs, one grey texture), mate (two photographs)."""
+    sets, one uint16 scaled by 4096), skimage (three colour photographs, one grey texture), mate (three photographs)."""
     import numpy as np
     from PIL import Image
     from scipy.io import savemat
@@ -139,13 +139,13 @@ def content(tmp_path_factory):
     g = np.random.default_rng(0)
     sk = root / "skimage"
     sk.mkdir()
-    for name in ("astronaut.png", "coffee.png"):
+    for name in ("astronaut.png", "coffee.png", "chelsea.png"):
         Image.fromarray((g.random((48, 64, 3)) * 255).astype(np.uint8)).save(sk / name)
     Image.fromarray((g.random((40, 40)) * 255).astype(np.uint8)).save(sk / "brick.png")
     _record(sk, "skimage")
     mate = root / "mate"
     mate.mkdir()
-    for name in ("Wood.jpg", "LadyBird.jpg"):
+    for name in ("Wood.jpg", "LadyBird.jpg", "Garden.jpg"):
         Image.fromarray((g.random((50, 70, 3)) * 255).astype(np.uint8)).save(mate / name)
     _record(mate, "mate")
     return root

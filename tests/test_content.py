@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 
 from cassi.data import scenes, sources, spectra
 from cassi.io.spectral import TSA_WAVELENGTHS
@@ -81,7 +82,7 @@ def test_dead_leaves_are_deterministic_cubes_in_range(content, tmp_path):
 def test_photo_scenes_hold_back_photographs_and_name_them(content):
     p = scenes.PhotoScenes(4, 24, 24, "tsa", seed=1, exclude=["coffee.png"], library=("colour",), root=content,
                            zoom=0.5)
-    assert sorted(f.name for f in p.files) == ["LadyBird.jpg", "Wood.jpg", "astronaut.png"]
+    assert sorted(f.name for f in p.files) == ["Garden.jpg", "LadyBird.jpg", "Wood.jpg", "astronaut.png", "chelsea.png"]
     items = [p[i] for i in range(4)]
     assert all(i["x"].shape == (28, 24, 24) and 0 <= float(i["x"].min()) and float(i["x"].max()) <= 1 for i in items)
     assert not any("coffee" in i["name"] for i in items)
@@ -165,18 +166,26 @@ def test_a_tiny_training_on_the_mixture(content, tmp_path, shared_data):
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     small = [f"data.train.cubes.sources.{s}.{k}=32" for s in ("leaves", "photos") for k in ("height", "width")]
+    val = [f"data.val.parts.{s}.{k}" for s in ("leaves", "photos") for k in ("height=32", "width=32", "n=1",
+                                                                               "library=[colour]")]
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=[
             "experiment=tiny_cpu", "data=content_refine", "model.width=4", "model.depth=2", "model.solver.iters=5",
             "data.train.cubes.samples_per_epoch=3", "data.train.cubes.sources.cave.patch_size=32", *small,
             "data.train.cubes.sources.leaves.library=[colour]", "data.train.cubes.sources.leaves.shapes=100", "data.train.cubes.sources.photos.library=[colour]",
-            "data.train.cubes.sources.photos.exclude=[]", "data.train.patch_size=16", "data.val.crop_to=32",
+            "data.train.patch_size=16", "data.val.parts.cave.crop_to=32", *val,
             "trainer.fast_dev_run=2", "data.batch_size=2", "callbacks.progress=null", "test=false",
             f"paths.content={content}", f"paths.shared_data={shared_data}", f"paths.output_dir={tmp_path}"])
     value = train.main(cfg)
     assert np.isfinite(value)
     names = torch.load(tmp_path / "first_iterates.pt", weights_only=False)["names"]
     assert len(names) == 3 and all(n.split(":")[0] in "012" for n in names)  # the mixture's scenes, by source
+    # validation: CAVE's two scenes (four quadrants each), then held-back dead leaves and photographs
+    datamodule = instantiate(cfg.data)
+    val = [datamodule.datasets["val"][i]["name"] for i in range(len(datamodule.datasets["val"]))]
+    assert len(val) == 10 and val[0].startswith("cave_sponges_y0x0") and val[8].startswith("leaves_2000000")
+    assert val[9].startswith(("photo_chelsea_2000000", "photo_Garden_2000000"))
+    assert datamodule.datasets["train"].cubes.sources[2].files == [content / "skimage" / "astronaut.png"]
 
 
 def test_fetch_into_a_relative_root_hands_the_unpackers_absolute_folders(tmp_path, monkeypatch):

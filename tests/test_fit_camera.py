@@ -402,17 +402,38 @@ def test_a_bad_camera_fails_before_any_work(tmp_path, shared_data):
     assert not (tmp_path / "fit" / "stage1").exists()
 
 
-def test_an_init_that_is_not_a_refiner_is_refused_before_any_work(tmp_path):
-    """A published model (here MST-S, as convert_checkpoint.py writes it) as init=: one line naming it, no phase run."""
+def test_a_published_model_is_fine_tuned_through_the_camera_end_to_end(tmp_path, monkeypatch):
+    """A converted model (here MST-S as convert_checkpoint.py writes it) as init=: one phase, its architecture trained
+    from its weights on crops measured through the camera, then the card; another band count is refused first."""
+    import cassi.workflows.fit as fit_module
     from cassi.models.zoo import toolbox
 
     mst = toolbox.build("mst_s")
     torch.save({"state_dict": {f"reconstructor.{k}": v for k, v in mst.state_dict().items()},
                 "cassi": {"model": mst.config, "geometry": {"offsets": [2.0 * c for c in range(28)], "axis": "w",
-                                                            "bands": 28}, "wavelengths": None}}, ckpt := tmp_path / "m.ckpt")
-    with pytest.raises(ValueError, match=f"init={ckpt} holds a MST: a fit trains the Refiner recipe"):
-        fit_camera(tmp_path / "fit", ["camera=tsa_simulation"], CPU, budget_hours=0.5, init=str(ckpt))
-    assert not (tmp_path / "fit" / "stage1").exists()
+                                                            "bands": 28}, "wavelengths": None,
+                          "converted": {"source": "mst", "method": "mst_s"}}}, ckpt := tmp_path / "m.ckpt")
+    with pytest.raises(ValueError, match=f"init={ckpt} holds a MST of 28 bands; the camera has 31"):
+        fit_camera(tmp_path / "bad", ["camera=tsa_simulation"], CPU, budget_hours=0.5, init=str(ckpt), bands=31)
+    assert not (tmp_path / "bad").exists()
+    runs = fake_runs(monkeypatch)
+    gpu = Machine(scene_s=0.1, two_stages_min=2, train=["trainer.accelerator=gpu", "model.width=32"])
+    said = []
+    fit_module.fit_camera(tmp_path / "fit", ["camera=tsa_real"], gpu, budget_hours=0.5, init=str(ckpt), bands=28,
+                          echo=said.append, scene=200)
+    fixed = json.loads((tmp_path / "fit" / "plan.json").read_text())["plan"]
+    assert [p["name"] for p in fixed["phases"]] == ["finetune"] and fixed["pool"] == 0 and fixed["width"] is None
+    assert fixed["phases"][0]["minutes"] == pytest.approx(30 - 3)  # the budget less the card's reserve
+    assert any(line.startswith("fit_camera: fine-tuning") for line in said)
+    (module, train), (card_module, card) = runs
+    assert module == TRAIN and card_module == CARD
+    assert train["model"] == "from_checkpoint" and train["model.path"] == train["init_weights"] == str(ckpt)
+    assert train["data"] == "cave_train" and train["camera"] == "tsa_real" and train["trainer.accelerator"] == "gpu"
+    assert train["module.optimizer.lr"] == str(fit_module.FINETUNE_LR) and train["module.scheduler"] == "null"
+    assert train["data.val.crop_to"] == "200" and "callbacks.deadline.at" in train
+    assert not any(k.startswith(("model.width", "data.train.cubes", "experiment")) for k in train)
+    assert card["ckpt"] == str(tmp_path / "fit" / "finetune" / "checkpoints" / "best-epoch000.ckpt")
+    assert card["validation.test.crop_to"] == "200"
 
 
 def test_the_scenes_follow_a_smaller_mask_and_bad_cameras_are_named():

@@ -97,6 +97,24 @@ def test_training_continues_from_weights_only(trained, tmp_path):
     assert r.returncode != 0 and "its model differs from the configured one in width (4 there, 5 here)" in r.stderr
 
 
+def test_a_checkpoint_s_architecture_trains_from_its_weights_or_from_scratch(trained, tmp_path):
+    """model=from_checkpoint: the class and arguments a checkpoint records, fine-tuned from its weights
+    (init_weights=, what fit_camera does with a converted published model) or untrained (cassi.models.architecture)."""
+    from cassi.models import architecture
+
+    ckpt = trained / "checkpoints" / "last.ckpt"
+    data = [o for o in TINY if not o.startswith("model.")]
+    run("train.py", "model=from_checkpoint", f"init_weights={ckpt}", *data, "trainer.max_steps=1",
+        "trainer.max_epochs=-1", "test=false", "module.optimizer.lr=0", "module.scheduler=null", out=tmp_path)
+    start, tuned = load_model(ckpt), load_model(tmp_path / "checkpoints" / "last.ckpt")
+    assert tuned.config == start.config
+    for (k, a), b in zip(start.state_dict().items(), tuned.state_dict().values()):
+        assert torch.equal(a, b), k  # lr 0: the checkpoint's weights
+    fresh = architecture(ckpt)
+    assert fresh.config == start.config and fresh.training
+    assert not all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), start.state_dict().values()))
+
+
 def test_learning_curves_against_cpu_minutes(trained, tmp_path):
     from cassi.viz import read_curve
 

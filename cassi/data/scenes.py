@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset
 
 from cassi import io
 from cassi.data.datasets import stable_seed
@@ -309,3 +309,14 @@ class Mixture(Dataset):
         j = int(torch.randint(len(self.sources[k]), (), generator=g))
         item = self.sources[k][j]
         return {**item, "name": f"{k}:{item['name']}"}
+
+
+class Joined(ConcatDataset):
+    """Datasets of {"x", "name"} one after another (a validation set of several kinds of content): ``parts`` a
+    mapping {label: dataset}, labels only for configs (``data.val.parts.leaves.n=8``). Split checks see each part."""
+
+    def __init__(self, parts: Mapping):
+        if not isinstance(parts, Mapping) or not parts:
+            raise ValueError(f"parts must be a non-empty mapping {{label: dataset}}, got {parts!r}")
+        super().__init__(list(parts.values()))
+        self.labels = list(parts)

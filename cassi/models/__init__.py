@@ -7,13 +7,13 @@ training losses and checkpoint loading. Imports torch (and torchmetrics) only.
     model = load_model("runs/best.ckpt")        # from a training checkpoint, geometry checked
 """
 from cassi.models.blocks import ResStack, UNet
-from cassi.models.checkpoint import export_weights, load_model, load_prior, resolve_checkpoint
+from cassi.models.checkpoint import architecture, export_weights, load_model, load_prior, resolve_checkpoint
 from cassi.models.losses import ReconstructionLoss
 from cassi.models.refine import Refiner
 from cassi.models.unrolled import ADMMNet, GAPNet, Reconstructor, Unrolled
 
 __all__ = ["ADMMNet", "DAUHST", "GAPNet", "HalfShuffleTransformer", "ReconstructionLoss", "Reconstructor", "Refiner", "ResStack", "StageEstimator",
-           "UNet", "Unrolled", "export_weights", "load_model", "load_prior", "resolve_checkpoint"]
+           "UNet", "Unrolled", "architecture", "export_weights", "load_model", "load_prior", "resolve_checkpoint"]
 
 from cassi.models import zoo  # noqa: E402  (registers the toolbox's architectures)
 from cassi.models.zoo.dauhst import DAUHST, HalfShuffleTransformer, StageEstimator  # noqa: E402

@@ -17,7 +17,7 @@ from torch import nn
 
 from cassi.registry import resolve
 
-__all__ = ["export_weights", "load_model", "load_prior", "resolve_checkpoint", "PRETRAINED_DIR"]
+__all__ = ["architecture", "export_weights", "load_model", "load_prior", "resolve_checkpoint", "PRETRAINED_DIR"]
 
 PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 PREFIX = "reconstructor."  # the model's attribute in TrainingModule
@@ -88,6 +88,14 @@ def load_model(path, map_location="cpu", operator=None) -> nn.Module:
     if operator is not None:  # the band count and dispersion (a stand-in mask: its size and camera come later)
         model.check_geometry(operator(mask=torch.ones(1, 1)))
     return model.to(map_location).eval()
+
+
+def architecture(path) -> nn.Module:
+    """The model a cassi checkpoint (a path or ``pretrained/<name>``) describes, untrained: its class and constructor
+    arguments, fresh weights (``model=from_checkpoint``: fine-tune it with ``init_weights=``, or train it from
+    scratch)."""
+    path = resolve_checkpoint(path)
+    return _build(_read(path)["cassi"]["model"], path)
 
 
 def training_time(ckpt: dict) -> dict:

@@ -22,6 +22,12 @@ cassi.workflows.train``) in its own folder ``D/<phase>``:
    validation scenes it was chosen on) and the test scenes (``python -m cassi.workflows.card``), written as
    ``D/model.ckpt`` (float16 where it costs < 0.05 dB) and ``D/card.md``.
 
+From a model that is not a Refiner (``init``: a converted published model, or any cassi checkpoint of another
+architecture, of the camera's band count) the fit has one phase, ``finetune``: that model trained on through the
+camera end to end (``model=from_checkpoint``, ``data=cave_train``: random 64² crops of the training scenes measured
+through the camera every step, no pool) at ``FINETUNE_LR``, constant, until the budget's end less the card's
+reserve, the checkpoint chosen on the validation windows; then the card.
+
 A phase that finished leaves ``D/<phase>/done.json`` (its best checkpoint named relative to ``D``, so that a fit
 can be moved, e.g. from a GPU machine, and continued); run the same command again after a stop and it continues:
 finished phases are kept, an unfinished training resumes from its ``last.ckpt``, an unfinished pool from its
@@ -63,6 +69,8 @@ WINDOW = 64                # px: the side of the training windows (the last phas
 SCENE_NM = (400.0, 700.0)  # the training scenes' range (CAVE, 31 bands every 10 nm), resampled to the camera's bands
 TEST_SIDES = (100, 150)    # px: the card's test crops (data=shared_cave), centre-cropped to a smaller mask
 LARGE_LR = 2.0e-4           # the learning rate of the larger windows' phase (cave_any piece 13's; the recipe's: 1e-3)
+FINETUNE = "finetune"       # the one phase of a fit from another architecture than the Refiner's
+FINETUNE_LR = 1.0e-4        # its learning rate, constant: a quarter of the MST toolbox's 4e-4 from scratch
 
 
 @dataclass
@@ -322,24 +330,24 @@ def progress(run: Path) -> str | None:
 
 def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget_hours: float = 3.0,
                noiseless: bool = True, recipe: list[str] | None = None, pool: int | None = None,
-               init: str | None = None, echo=print, scene: int = SCENE) -> Path:
+               init: str | None = None, echo=print, scene: int = SCENE, bands: int | None = None) -> Path:
     """Run (or continue) the phases into ``output_dir``; returns ``output_dir/model.ckpt``. ``camera_overrides``:
     the ``camera=...`` / ``camera.<key>=...`` overrides of the camera (passed to every run); ``recipe``: more
     overrides for every training run (e.g. smaller data for a test); ``init``: the weights the fit starts from (a
-    Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis), None: from
-    scratch; ``machine``: where it runs (the plan's prices and train.py overrides); ``scene``: the side of the
+    Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis; a model of
+    another architecture: fine-tuned, module docstring), None: from scratch; ``bands``: the camera's band count (a
+    fine-tuned model must have it); ``machine``: where it runs (the plan's prices and train.py overrides); ``scene``: the side of the
     pool's scenes and the validation windows (:func:`scene_side`: under 256 for a smaller mask, which the card's
     test crops are then cut to as well)."""
-    if scene < SCENE:  # the recipe's own sizes, given after these, still win
-        card = [f"validation.test.crop_to={scene}"]
-        if scene < max(TEST_SIDES):
-            card.append(f"test.test.crop_to={max((t for t in TEST_SIDES if t <= scene), default=scene)}")
-        recipe = [f"data.train.cubes.patch_size={scene}", f"data.val.crop_to={scene}", *card, *(recipe or [])]
     out = Path(output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     state_path = out / "plan.json"
     train = [*machine.train, *(recipe or [])]  # a recipe's model.width= (e.g. 16 under cpu_bf16) has the last word
     state = read_state(state_path, train)
+    start = load_model(init) if init and not state else None
+    if start is not None and not isinstance(start, Refiner) and bands is not None and start.bands != bands:
+        raise ValueError(f"init={init} holds a {type(start).__name__} of {start.bands} bands; the camera has {bands}: "
+                         f"a fine-tune keeps the model's bands (a Refiner init is carried to any band count)")
+    out.mkdir(parents=True, exist_ok=True)
     if state and (state[0].camera != camera_overrides or state[0].budget_hours != budget_hours):
         raise ValueError(f"{out} holds a fit for camera {state[0].camera} and budget {state[0].budget_hours} h; "
                          f"give the same camera and budget to continue it, or another output_dir")
@@ -348,21 +356,30 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     if state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
         fixed, done = state
     else:
-        start = load_model(init) if init else None
         if start is not None and not isinstance(start, Refiner):
-            raise ValueError(f"init={init} holds a {type(start).__name__}: a fit trains the Refiner recipe (GAP-TV "
-                             f"corrected by U-Nets) and starts from a Refiner checkpoint (pretrained/cave_any, a fit's "
-                             f"model.ckpt) or from scratch (init=null); fitting another model to a camera is not "
-                             f"supported yet")
-        config = getattr(start, "config", {})
-        size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=config.get("stages", 1), scene=scene)
-        fixed, done = Plan(camera_overrides, budget_hours, size, phases, unet_width(train, config)), Progress()
-        if unet_width(train, {}) not in (None, fixed.width):  # the machine or recipe named a narrower width
+            if budget_hours <= 0:
+                raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
+            minutes = budget_hours * 60
+            fixed = Plan(camera_overrides, budget_hours, 0, [Phase(FINETUNE, max(1.0, minutes - reserve(minutes)))])
+        else:
+            config = getattr(start, "config", {})
+            size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=config.get("stages", 1),
+                                scene=scene)
+            fixed = Plan(camera_overrides, budget_hours, size, phases, unet_width(train, config))
+        done = Progress()
+        if fixed.phases[0].name != FINETUNE and unet_width(train, {}) not in (None, fixed.width):
+            # the machine or recipe named a narrower width
             echo(f"fit_camera: U-Nets of width {fixed.width}, the init's, wider than the machine's or recipe's "
                  f"(a U-Net can be widened, not narrowed)")
     # the width fixed by the plan (a fit continued on a machine of another width keeps its own)
     train = [o for o in train if not o.startswith("model.width=")] + ([f"model.width={fixed.width}"]
                                                                       if fixed.width else [])
+    if scene < SCENE:  # the recipe's own sizes, given after these, still win
+        card = [f"validation.test.crop_to={scene}"]
+        if scene < max(TEST_SIDES):
+            card.append(f"test.test.crop_to={max((t for t in TEST_SIDES if t <= scene), default=scene)}")
+        pool = [] if fixed.phases[0].name == FINETUNE else [f"data.train.cubes.patch_size={scene}"]
+        train = [*pool, f"data.val.crop_to={scene}", *card, *train]
     clock, shown = time.monotonic(), None
 
     def save(book: bool = True, run: Path | None = None) -> None:
@@ -391,13 +408,20 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
 def _phases(out: Path, fixed: Plan, done: Progress, recipe, init, save, echo) -> Path:
     """fit_camera's phases in turn (those done are kept), then the card."""
     budget_hours, phases, size, width = fixed.budget_hours, fixed.phases, fixed.pool, fixed.width
-    echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, "
-         f"U-Nets of width {width if width is not None else 'the model config sets'}, budget {budget_hours:g} h "
-         f"({done.spent_min:.1f} min spent before) -> {out}")
-    base = ["experiment=cave_tsa", "model.mask_input=true", *fixed.camera,
-            f"data.train.cubes.samples_per_epoch={size}", "data.train.cubes.spectral_shift=10",
-            "data.train.cubes.spectral_stretch=0.05", "data.train.cubes.zoom=1", f"data.train.patch_size={WINDOW}",
-            "test=false", "callbacks.progress=null"]
+    if phases[0].name == FINETUNE:
+        echo(f"fit_camera: fine-tuning {init} end to end through the camera, budget {budget_hours:g} h "
+             f"({done.spent_min:.1f} min spent before) -> {out}")
+        base = ["model=from_checkpoint", f"model.path={init}", "data=cave_train", *fixed.camera,
+                "data.val.crop_grid=2", f"module.optimizer.lr={FINETUNE_LR}", "module.scheduler=null",
+                "trainer.max_epochs=-1", "test=false", "callbacks.progress=null"]
+    else:
+        echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, "
+             f"U-Nets of width {width if width is not None else 'the model config sets'}, budget {budget_hours:g} h "
+             f"({done.spent_min:.1f} min spent before) -> {out}")
+        base = ["experiment=cave_tsa", "model.mask_input=true", *fixed.camera,
+                f"data.train.cubes.samples_per_epoch={size}", "data.train.cubes.spectral_shift=10",
+                "data.train.cubes.spectral_stretch=0.05", "data.train.cubes.zoom=1", f"data.train.patch_size={WINDOW}",
+                "test=false", "callbacks.progress=null"]
     previous = None
     for phase in phases:
         run = out / phase.name
