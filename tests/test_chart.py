@@ -139,7 +139,7 @@ def test_the_demo_configs_compose_and_keep_the_test_chart_out_of_training(tmp_pa
 def test_a_tiny_chart_reconstruct_writes_the_patch_spectra(tmp_path):
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "reconstruct.py"), f"output_dir={out}", "data=chart",
-                        "ckpt=pretrained/chart_demo", "data.test.height=32", "data.test.width=48", "trainer=cpu",
+                        "ckpt=pretrained/chart_demo", "data.test.height=32", "data.test.width=48", "trainer.accelerator=cpu",
                         "operator.backend=strided", "solver.iters=5"], cwd=tmp_path,
                        env=dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="200"), capture_output=True, text=True,
                        timeout=600)

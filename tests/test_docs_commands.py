@@ -393,7 +393,7 @@ def test_documented_command_composes(inv, tmp_path):
 # ------------------------------------------------------------------------------------------------ runs
 
 LOG_RECORD = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+\]\[")  # Hydra's job logging: one line per event, any width
-SMALL = ["trainer=cpu", "operator.backend=strided", "data.test.n=2", "data.test.height=32", "data.test.width=40",
+SMALL = ["trainer.accelerator=cpu", "operator.backend=strided", "data.test.n=2", "data.test.height=32", "data.test.width=40",
          "solver.iters=5"]
 # tiny_cpu in miniature: GAP-TV (3 iterations) on 2 training crops of 32², 16² windows, one batch of each split
 TINY_REFINER = ["model.width=4", "model.depth=2", "model.solver.iters=3", "data.train.cubes.samples_per_epoch=2",

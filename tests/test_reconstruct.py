@@ -17,7 +17,7 @@ from PIL import Image
 from cassi.io import TSA_WAVELENGTHS, load_cube, load_mask, load_measurement, save_mask, save_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["trainer=cpu", "operator.backend=strided"]  # (auto would time the backends first)
+FAST = ["trainer.accelerator=cpu", "operator.backend=strided"]  # (auto would time the backends first)
 SMALL = [*FAST, "data.test.n=2", "data.test.height=32", "data.test.width=40", "solver.iters=5"]
 SCENES = ["synthetic_2000000", "synthetic_2000001"]
 

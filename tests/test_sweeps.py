@@ -172,7 +172,7 @@ def test_a_failed_job_is_a_row_with_its_error(tmp_path):
 def test_evaluate_multirun_is_collected_by_mean_psnr(tmp_path):
     out = tmp_path / "sweep"
     sweep("evaluate.py", out, "solver=gap_tv,admm_tv", "operator.backend=strided,loop", "solver.iters=3",
-          "data.test.n=1", "data.test.height=16", "data.test.width=16", "bands=6", "trainer=cpu",
+          "data.test.n=1", "data.test.height=16", "data.test.width=16", "bands=6", "trainer.accelerator=cpu",
           "trainer.callbacks=[]")
     table = collected(out)
     assert len(table["rows"]) == 4 and table["sort"] == "psnr"

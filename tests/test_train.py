@@ -146,7 +146,7 @@ def test_checkpoint_loads_from_its_path_alone_and_reconstructs_the_same(trained)
 def test_evaluate_accepts_a_checkpoint(trained, tmp_path):
     ckpt = trained / "checkpoints" / "last.ckpt"
     run("evaluate.py", f"ckpt={ckpt}", "bands=6", "data.test.n=2", "data.test.height=24", "data.test.width=20",
-        "trainer=cpu", out=tmp_path)
+        "trainer.accelerator=cpu", out=tmp_path)
     res = json.loads((tmp_path / "results.json").read_text())
     assert len(res["scenes"]) == 2 and all(np.isfinite(s["psnr"]) for s in res["scenes"])
     assert str(ckpt) in (tmp_path / "results.md").read_text()
@@ -179,7 +179,7 @@ def test_reconstruct_accepts_a_checkpoint_and_checks_it_before_any_work(trained,
 
 def test_pnp_with_a_trained_prior(trained, tmp_path):
     run("evaluate.py", "solver=pnp_trained", f"solver.denoiser.path={trained}/checkpoints/last.ckpt", "bands=6",
-        "solver.iters=3", "data.test.n=1", "data.test.height=16", "data.test.width=16", "trainer=cpu", out=tmp_path)
+        "solver.iters=3", "data.test.n=1", "data.test.height=16", "data.test.width=16", "trainer.accelerator=cpu", out=tmp_path)
     assert json.loads((tmp_path / "results.json").read_text())["scenes"][0]["iterations"] == 3
 
 
@@ -195,7 +195,7 @@ def test_bad_checkpoints_fail_before_any_work(trained, tmp_path, case):
                      "offsets [0, 1, …, 5]"),
         "bands": (trained / "checkpoints" / "last.ckpt", [], "reconstructs 6 bands but the operator has 28"),
     }[case]
-    r = run("evaluate.py", f"ckpt={ckpt}", *extra, "trainer=cpu", out=tmp_path / "out", ok=False)
+    r = run("evaluate.py", f"ckpt={ckpt}", *extra, "trainer.accelerator=cpu", out=tmp_path / "out", ok=False)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "out" / "results.json").exists()
 

@@ -343,7 +343,7 @@ def test_a_converted_model_on_the_kaist_layout_is_scored_beside_its_authors_figu
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):  # what the script composes, in this process
         cfg = compose("evaluate", overrides=[
             "data=cave_kaist", f"ckpt={ckpt}", f"paths.data_dir={tmp_path / 'data'}", "data.test.crop_to=32",
-            "data.num_workers=0", "trainer=cpu", "data_name=cave_kaist", f"paths.output_dir={tmp_path / 'out'}"])
+            "data.num_workers=0", "trainer.accelerator=cpu", "data_name=cave_kaist", f"paths.output_dir={tmp_path / 'out'}"])
     evaluate(cfg)
     out = capsys.readouterr().out
     res = json.loads((tmp_path / "out" / "results.json").read_text())
