@@ -61,7 +61,10 @@ def sam(pred, target) -> torch.Tensor:
 
 
 def all_metrics(pred, target) -> dict[str, torch.Tensor]:
-    """{'psnr', 'psnr_table', 'ssim', 'ssim_table', 'sam'}: each (B,)."""
+    """{'psnr', 'psnr_table', 'ssim', 'ssim_table', 'sam'}: each (B,); ssim_table NaN on frames under its 11×11
+    window."""
     pred = pred.clamp(0, 1)
+    table = (ssim_table(pred, target) if min(pred.shape[-2:]) >= 11
+             else torch.full(pred.shape[:1], float("nan"), dtype=pred.dtype, device=pred.device))
     return {"psnr": psnr(pred, target), "psnr_table": psnr_table(pred, target),
-            "ssim": ssim(pred, target), "ssim_table": ssim_table(pred, target), "sam": sam(pred, target)}
+            "ssim": ssim(pred, target), "ssim_table": table, "sam": sam(pred, target)}

@@ -27,7 +27,6 @@ geometry (their mask_256_28.mat is that mask per band), on the seeded scene.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import re
 import sys
 import types
@@ -63,29 +62,6 @@ def seeded(stages: int = 2, seed: int = 9, bands: int = 28) -> DPU:
     model = DPU(bands=bands, stages=stages)
     model.load_state_dict(toolbox.seeded_state(model, seed))
     return model.eval()
-
-
-def digest(state: dict) -> str:
-    """sha256 of a state dict's tensors in key order (their float32 bytes)."""
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().float().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def authors_keys(pattern: list[str], stages: int) -> list[str]:
-    """The authors' state-dict keys of a ``stages``-stage Net from those of its first stage (``pattern``: the
-    ``conv.*`` keys and those of ``mu.0`` and ``net_stage.0``-``2``)."""
-    out = [k for k in pattern if not k.startswith(("mu.", "net_stage."))]
-    for s in range(stages):
-        for k in pattern:
-            if k.startswith("mu.0."):
-                out.append(f"mu.{s}." + k[len("mu.0."):])
-            m = re.match(r"net_stage\.(\d)\.(.+)", k)
-            if m:
-                out.append(f"net_stage.{3 * s + int(m.group(1))}.{m.group(2)}")
-    return out
 
 
 def margins(model: DPU) -> list[float]:
@@ -141,8 +117,8 @@ def main() -> None:
     params = {str(k): sum(p.numel() for p in authors.Net(types.SimpleNamespace(stage=k, bands=c, size=256))
                           .parameters()) for k in (5, 9)}
     pattern = [k for k in keys if re.match(r"(conv|mu\.0|net_stage\.[012])\.", k)]
-    assert sorted(authors_keys(pattern, args.stages)) == sorted(keys)
-    ref = {"method": "dpu", "stages": args.stages, "shape": [c, h, w], **SEEDS, "weights_sha256": digest(state),
+    assert sorted(zc.stage_keys(pattern, args.stages, "mu", 3)) == sorted(keys)
+    ref = {"method": "dpu", "stages": args.stages, "shape": [c, h, w], **SEEDS, "weights_sha256": zc.digest(state),
            "y": y.clone(), "mask": m.clone(), "out": outs[-1][0].clone(),
            **zc.summary(outs[-1], SEEDS["positions_seed"]),
            "first_band_mean": zc.summary(outs[0], SEEDS["positions_seed"])["band_mean"],

@@ -24,7 +24,6 @@ parameter counts of its S, M and L models. Also printed: cassi's output against 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import re
 import sys
 import types
@@ -59,29 +58,6 @@ def seeded(stages: int = 3, seed: int = 0, bands: int = 28) -> SSR:
     return model.eval()
 
 
-def digest(state: dict) -> str:
-    """sha256 of a state dict's tensors in key order (their float32 bytes)."""
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().float().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def authors_keys(pattern: list[str], stages: int) -> list[str]:
-    """The authors' state-dict keys of a ``stages``-stage Net from those of its first stage (``pattern``: the
-    ``initial.*`` keys and those of ``rhos.0`` and ``net_stage.0``-``1``)."""
-    out = [k for k in pattern if not k.startswith(("rhos.", "net_stage."))]
-    for s in range(stages):
-        for k in pattern:
-            if k.startswith("rhos.0."):
-                out.append(f"rhos.{s}." + k[len("rhos.0."):])
-            m = re.match(r"net_stage\.(\d)\.(.+)", k)
-            if m:
-                out.append(f"net_stage.{2 * s + int(m.group(1))}.{m.group(2)}")
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("source", type=Path)
@@ -107,8 +83,8 @@ def main() -> None:
     params = {s: sum(p.numel() for p in authors.Net(types.SimpleNamespace(stage=k, bands=c, size=256)).parameters())
               for s, k in STAGES.items()}
     pattern = [k for k in keys if re.match(r"(initial|rhos\.0|net_stage\.[01])\.", k)]
-    assert sorted(authors_keys(pattern, stages)) == sorted(keys)
-    ref = {"method": args.method, "stages": stages, "shape": [c, h, w], **SEEDS, "weights_sha256": digest(state),
+    assert sorted(zc.stage_keys(pattern, stages, "rhos", 2)) == sorted(keys)
+    ref = {"method": args.method, "stages": stages, "shape": [c, h, w], **SEEDS, "weights_sha256": zc.digest(state),
            "y": y.clone(), "mask": m.clone(), "out": outs[-1][0].clone(),
            **zc.summary(outs[-1], SEEDS["positions_seed"]),
            "first_band_mean": zc.summary(outs[0], SEEDS["positions_seed"])["band_mean"],

@@ -46,3 +46,14 @@ def test_table_metrics_follow_the_toolbox_protocol():
     near = grid + 0.3 / 255 * torch.sign(torch.randn(grid.shape, generator=g, dtype=torch.float64))
     assert torch.all(ssim_table(near, grid) == 1) and torch.all(psnr_table(near, grid) == float("inf"))
     assert set(all_metrics(pred.float(), truth.float())) == {"psnr", "psnr_table", "ssim", "ssim_table", "sam"}
+
+
+def test_all_metrics_on_frames_under_the_table_ssim_window():
+    """A 8×9 frame (a tiny crop): the table's SSIM is NaN, not an error; the others are computed."""
+    g = torch.Generator().manual_seed(0)
+    truth = torch.rand(2, 3, 8, 9, generator=g)
+    m = all_metrics((truth + 0.05).clamp(0, 1), truth)
+    assert torch.isnan(m["ssim_table"]).all() and m["ssim_table"].shape == (2,)
+    assert torch.isfinite(m["psnr_table"]).all() and torch.isfinite(m["psnr"]).all()
+    with pytest.raises(ValueError, match="at least 11×11"):
+        ssim_table(truth, truth)

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import zoo_common as zc  # noqa: E402
-from make_dpu_reference import authors_keys, digest, grey_mask, seeded  # noqa: E402
+from make_dpu_reference import grey_mask, seeded  # noqa: E402
 
 from cassi import CASSI  # noqa: E402
 from cassi.models import load_model  # noqa: E402
@@ -66,7 +66,7 @@ def test_equals_the_authors_code(ref):
                                                                                             ref["scene_seed"]))
     assert torch.equal(y, ref["y"])
     model = seeded(ref["stages"], ref["weight_seed"])
-    assert digest(model.state_dict()) == ref["weights_sha256"]  # the weights the authors' code ran with
+    assert zc.digest(model.state_dict()) == ref["weights_sha256"]  # the weights the authors' code ran with
     outs = run(ref, model, stages=True)
     assert len(outs) == 2  # one output per stage, the last is the result
     err = relative_error(outs[-1], ref)
@@ -123,7 +123,7 @@ def _published(ref, method, path, prefix="module.", wrap=True):
     weights of ``method``."""
     model = toolbox.build(method)
     state = toolbox.seeded_state(model, ref["weight_seed"])
-    sd = {prefix + k: state[authors_key(k)] for k in authors_keys(ref["authors_keys"], STAGES[method])}
+    sd = {prefix + k: state[authors_key(k)] for k in zc.stage_keys(ref["authors_keys"], STAGES[method], "mu", 3)}
     torch.save({"model": sd, "epoch": 268, "loss": 0.0123, "psnr": np.float64(39.9)} if wrap else sd, path)
     return state
 
@@ -164,7 +164,7 @@ def test_the_methods_build_the_published_configurations(ref):
         model = toolbox.build(method)
         assert type(model) is DPU and model.stages == k and model.config["dim"] == 28 and model.bands == 28
         assert sum(p.numel() for p in model.parameters()) == ref["params"][str(k)]
-        keys = authors_keys(ref["authors_keys"], k)
+        keys = zc.stage_keys(ref["authors_keys"], k, "mu", 3)
         assert sorted(map(authors_key, keys)) == sorted(model.state_dict())  # one-to-one
 
 

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import zoo_common as zc  # noqa: E402
-from make_ssr_reference import STAGES, authors_keys, digest, seeded  # noqa: E402
+from make_ssr_reference import STAGES, seeded  # noqa: E402
 
 from cassi import CASSI  # noqa: E402
 from cassi.models import load_model  # noqa: E402
@@ -62,7 +62,7 @@ def test_equals_the_authors_code(ref):
                                                                                          ref["scene_seed"]))
     torch.testing.assert_close(y, ref["y"], rtol=0, atol=1e-6)
     model = seeded(ref["stages"], ref["weight_seed"])
-    assert digest(model.state_dict()) == ref["weights_sha256"]  # the weights the authors' code ran with
+    assert zc.digest(model.state_dict()) == ref["weights_sha256"]  # the weights the authors' code ran with
     outs = run(ref, model, stages=True)
     assert len(outs) == 3  # one output per stage, the last is the result
     err = relative_error(outs[-1], ref)
@@ -106,7 +106,7 @@ def _published(ref, method, path, prefix="module.", wrap=True):
     weights of ``method``."""
     model = toolbox.build(method)
     state = toolbox.seeded_state(model, ref["weight_seed"])
-    sd = {prefix + k: state[authors_key(k)] for k in authors_keys(ref["authors_keys"], STAGES[method])}
+    sd = {prefix + k: state[authors_key(k)] for k in zc.stage_keys(ref["authors_keys"], STAGES[method], "rhos", 2)}
     torch.save({"model": sd, "epoch": 300, "loss": 0.0123, "psnr": np.float64(40.1)} if wrap else sd, path)
     return state
 
@@ -147,7 +147,7 @@ def test_the_methods_build_the_published_configurations(ref):
         model = toolbox.build(method)
         assert type(model) is SSR and model.stages == k and model.config["dim"] == 28 and model.bands == 28
         assert sum(p.numel() for p in model.parameters()) == ref["params"][method]
-        keys = authors_keys(ref["authors_keys"], k)
+        keys = zc.stage_keys(ref["authors_keys"], k, "rhos", 2)
         assert sorted(map(authors_key, keys)) == sorted(model.state_dict())  # one-to-one
 
 

@@ -8,6 +8,8 @@ toolbox's state-dict keys (to rebuild a toolbox-format .pth for the conversion t
 """
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import torch
@@ -173,3 +175,25 @@ def check_axis_h_and_refusals(model, name: str) -> None:
         model(op, op(x))
     with pytest.raises(ValueError, match="reconstructs 5 bands but the operator has 4"):
         model(CASSI(mask, bands=4), torch.zeros(1, 1, 20, 18))
+
+def digest(state: dict) -> str:
+    """sha256 of a state dict's tensors in key order (their float32 bytes)."""
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def stage_keys(pattern: list[str], stages: int, step: str, nets: int) -> list[str]:
+    """The authors' state-dict keys of a ``stages``-stage unrolled Net from those of its first stage (``pattern``:
+    the shared keys, those of ``<step>.0`` and of ``net_stage.0`` … ``net_stage.<nets - 1>``)."""
+    out = [k for k in pattern if not k.startswith((f"{step}.", "net_stage."))]
+    for s in range(stages):
+        for k in pattern:
+            if k.startswith(f"{step}.0."):
+                out.append(f"{step}.{s}." + k[len(f"{step}.0."):])
+            m = re.match(r"net_stage\.(\d)\.(.+)", k)
+            if m:
+                out.append(f"net_stage.{nets * s + int(m.group(1))}.{m.group(2)}")
+    return out
