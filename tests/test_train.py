@@ -104,10 +104,13 @@ def test_a_checkpoint_s_architecture_trains_from_its_weights_or_from_scratch(tra
 
     ckpt = trained / "checkpoints" / "last.ckpt"
     data = [o for o in TINY if not o.startswith("model.")]
-    run("train.py", "model=from_checkpoint", f"init_weights={ckpt}", *data, "trainer.max_steps=1",
-        "trainer.max_epochs=-1", "test=false", "module.optimizer.lr=0", "module.scheduler=null", out=tmp_path)
+    # to another camera (Bernoulli masks of fill 0.2, where the checkpoint's were 0.5): trained for it, no warning
+    r = run("train.py", "model=from_checkpoint", f"init_weights={ckpt}", *data, "camera.fill=0.2",
+            "trainer.max_steps=1", "trainer.max_epochs=-1", "test=false", "module.optimizer.lr=0",
+            "module.scheduler=null", out=tmp_path)
+    assert "another camera" not in r.stdout + r.stderr
     start, tuned = load_model(ckpt), load_model(tmp_path / "checkpoints" / "last.ckpt")
-    assert tuned.config == start.config
+    assert tuned.config == start.config and tuned.camera["masks"]["p"] == 0.2
     for (k, a), b in zip(start.state_dict().items(), tuned.state_dict().values()):
         assert torch.equal(a, b), k  # lr 0: the checkpoint's weights
     fresh = architecture(ckpt)

@@ -238,6 +238,13 @@ class TrainingModule(ReconstructionModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt, **kwargs),
                                                    "interval": "step"}}
 
+    def on_fit_start(self) -> None:
+        """The model is trained for the training data's camera from here: its record (from ``init_weights``, e.g. a
+        model of another camera being fine-tuned) becomes that one, so that no batch warns of another camera."""
+        camera = self._camera()
+        if camera is not None:
+            self.reconstructor.camera = camera
+
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["cassi"] = {"model": dict(self.reconstructor.config), "geometry": self.geometry,
