@@ -452,7 +452,8 @@ def _phases(out: Path, fixed: Plan, done: Progress, recipe, init, save, echo) ->
                      *([f"ckpt_path={last}"] if last.is_file() else []),
                      *([f"data.train.cache={out / phases[0].name / 'first_iterates.pt'}"] if phase is not phases[0] else []),
                      *[o for o in recipe or [] if not o.startswith(CARD_KEYS)]]
-        span = (f"until the budget's end, {max(end, 1.0):.1f} min from now (its pool included)" if deadline
+        span = (f"until the budget's end, {max(end, 1.0):.1f} min from now"
+                f"{'' if phase.name == FINETUNE else ' (its pool included)'}" if deadline
                 else f"for up to {left:.1f} min")
         echo(f"  {phase.name}: training {span}{' (resumed)' if last.is_file() else ''}; "
              f"log {run / 'console.log'}")
