@@ -161,14 +161,13 @@ class _GroupedMLP(nn.Module):
         self.project = nn.Conv2d(dim * mult, dim, 1, groups=dim, bias=False)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        # the three grouped 1×1 convolutions as a product, a batched matmul and a weighted sum on the tokens: the
-        # same arithmetic (weights in the convolutions' layout), without PyTorch's CPU loop over 1-channel groups
-        *lead, d = t.shape
         m = self.mult
-        e = F.gelu(t.reshape(-1, d, 1) * self.expand.weight.view(d, m))           # (N, d, m): channel c, copy j
-        x = torch.bmm(e.permute(2, 0, 1), self.mix.weight.view(m, d, d).transpose(1, 2))  # (m, N, d) per copy j
-        x = F.gelu(x) * self.project.weight.view(d, m).t().unsqueeze(1)           # project's weight (o, j)
-        return x.sum(0).view(*lead, d)
+        x = F.gelu(self.expand(t.permute(0, 3, 1, 2)))
+        B, n, H, W = x.shape
+        x = x.reshape(B, n // m, m, H, W).permute(0, 2, 1, 3, 4).reshape(B, n, H, W)  # by expansion, then channel
+        x = F.gelu(self.mix(x))
+        x = x.reshape(B, m, n // m, H, W).permute(0, 2, 1, 3, 4).reshape(B, n, H, W)  # back: by channel
+        return self.project(x).permute(0, 2, 3, 1)
 
 
 class _Block(nn.Module):
