@@ -163,8 +163,8 @@ def test_relative_loss_scales_the_error_but_takes_ssim_as_the_metric_does(kind):
     assert both == pytest.approx((pixel + metric).item(), rel=1e-5)
 
 
-@pytest.mark.parametrize("model", sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
-def test_every_model_config_instantiates_and_runs(model):
+@pytest.mark.parametrize("model", sorted(p.stem for p in (CONF / "model").glob("*.yaml") if p.stem != "from_checkpoint"))
+def test_every_model_config_instantiates_and_runs(model):  # from_checkpoint: a checkpoint's (tests/test_train.py)
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=[f"model={model}", "bands=4"])
     small = {"stages": 2, "width": 4, "depth": 2, "dim": 4, "window": 4, "feats": 8, "blocks": [1, 1],

@@ -94,6 +94,9 @@ def architecture(path) -> nn.Module:
     """The model a cassi checkpoint (a path or ``pretrained/<name>``) describes, untrained: its class and constructor
     arguments, fresh weights (``model=from_checkpoint``: fine-tune it with ``init_weights=``, or train it from
     scratch)."""
+    if path is None:
+        raise ValueError("model=from_checkpoint needs a checkpoint: init_weights=<ckpt> (its weights too) or "
+                         "model.path=<ckpt> (its architecture alone)")
     path = resolve_checkpoint(path)
     return _build(_read(path)["cassi"]["model"], path)
 
