@@ -226,22 +226,24 @@ def _cube_tree(root: Path, bands: int = 28, size: int = 40) -> None:
 
 
 # Every experiment, those that train several models once more with their other ones (experiment=toolbox names no
-# model: it is chosen on the command line). DAUHST's 3- and 5-stage runs differ from the 2-stage one only in
-# model.stages, which the run below sets to 2: the same run (test_dauhst_stage_variants_differ_only_in_stages
-# checks it; the 9-stage one checkpoints, and runs)
+# model: it is chosen on the command line), and every schedule (conf/schedule) with a model it is for. DAUHST's 3- and
+# 5-stage runs differ from the 2-stage one only in model.stages, which the run below sets to 2: the same run
+# (test_dauhst_stage_variants_differ_only_in_stages checks it; the 9-stage one checkpoints, and runs)
+SCHEDULES = {"toolbox_mst": "mst_s", "toolbox_hdnet": "hdnet", "toolbox_gap_net": "toolbox_gap_net", "cassi": "gapnet"}
 RUNS = [*([f"experiment={e}"] for e in EXPERIMENTS if e != "toolbox"),
         ["experiment=toolbox", "model=dauhst_2stg"],
         ["experiment=toolbox", "model=dauhst_9stg", "model.checkpointing=true"],
         ["experiment=toolbox", "model=mst_plus_plus"],
-        ["experiment=toolbox_gap_net", "model=admm_net"],
-        ["experiment=cassi_gapnet", "model=admmnet"]]
+        *(["experiment=toolbox", f"model={m}", f"schedule={s}"] for s, m in SCHEDULES.items()),
+        ["experiment=toolbox", "model=toolbox_admm_net", "schedule=toolbox_gap_net"],
+        ["experiment=toolbox", "model=admmnet", "schedule=cassi"]]
 SAME_RUN = {f"dauhst_{n}stg": "dauhst_2stg" for n in (3, 5)}
-# the experiments of the MST toolbox's published protocol (conf/experiment/toolbox.yaml and those built on it)
-PROTOCOL = ("toolbox", "cassi_gapnet")
+# the experiments of the MST toolbox's published protocol (conf/experiment/toolbox.yaml)
+PROTOCOL = ("toolbox",)
 SMALL = {"gapnet": ["model.stages=2", "model.width=4", "model.depth=2"],
          "admmnet": ["model.stages=2", "model.width=4", "model.depth=2"],
-         "gap_net": ["model.stages=2", "model.width=4"],   # the toolbox's (cassi.models.zoo.gapnet)
-         "admm_net": ["model.stages=2", "model.width=4"],
+         "toolbox_gap_net": ["model.stages=2", "model.width=4"],   # the toolbox's (cassi.models.zoo.gapnet)
+         "toolbox_admm_net": ["model.stages=2", "model.width=4"],
          "hdnet": ["model.feats=8", "model.blocks=[1,1]"],
          "mst_plus_plus": ["model.stages=1"],
          "mst": ["model.num_blocks=[1,1,1]"],
@@ -275,20 +277,27 @@ def test_dauhst_stage_variants_differ_only_in_stages():
             assert cfg == base, variant
 
 
-def test_the_toolbox_protocol_asks_for_a_model_and_its_deltas_keep_it():
-    """experiment=toolbox names no model (model=... on the command line); the experiments built on it choose theirs,
-    and differ from it only in what they set: a model, a schedule, a loss (conf/experiment/toolbox*.yaml)."""
+def test_the_toolbox_protocol_asks_for_a_model_and_its_schedules_are_deltas():
+    """experiment=toolbox names no model (model=... on the command line); a schedule (conf/schedule) changes only
+    what it sets on top of it: the learning rate's schedule, a loss, precision and clipping; every schedule is run
+    above."""
     from hydra.errors import ConfigCompositionException
 
+    assert sorted(SCHEDULES) == sorted(p.stem for p in (CONF / "schedule").glob("*.yaml"))
     with initialize_config_dir(str(CONF), version_base="1.3"):
         with pytest.raises(ConfigCompositionException, match="You must specify 'model'"):
             compose("train", overrides=["experiment=toolbox"])
         base = compose("train", overrides=["experiment=toolbox", "model=mst_s"])
-        mst = compose("train", overrides=["experiment=toolbox_mst"])
-        hdnet = compose("train", overrides=["experiment=toolbox_hdnet", "model=mst_s"])
+        mst = compose("train", overrides=["experiment=toolbox", "model=mst_s", "schedule=toolbox_mst"])
+        hdnet = compose("train", overrides=["experiment=toolbox", "model=mst_s", "schedule=toolbox_hdnet"])
+        own = compose("train", overrides=["experiment=toolbox", "model=mst_s", "schedule=cassi"])
     assert mst.model == base.model and mst.data == base.data and mst.trainer == base.trainer
     assert mst.module.scheduler.milestones == [50, 100, 150, 200, 250] and mst.module.loss == base.module.loss
+    assert mst.module.optimizer == base.module.optimizer
     assert hdnet.module.scheduler == mst.module.scheduler and hdnet.module.loss._target_.endswith("HDNetLoss")
+    assert own.module.scheduler == base.module.scheduler and own.module.optimizer.lr == 1e-3
+    assert own.trainer.precision == "bf16-mixed" and base.trainer.precision != "bf16-mixed"
+    assert own.data == base.data and own.module.loss == base.module.loss
 
 
 def test_the_refiners_first_iterate_takes_plain_gap_without_a_plus():

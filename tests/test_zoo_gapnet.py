@@ -219,11 +219,11 @@ def test_docstrings_say_how_they_differ_from_cassis_own():
 
 # ------------------------------------------------------------------ training
 def test_the_toolbox_protocol_composes():
-    """experiment=toolbox_gap_net (model=gap_net, its default, or admm_net): lr 1e-3, ×0.9 every 30 epochs of 1000
-    steps, RMSE."""
-    for name, target in (("gap_net", ToolboxGAPNet), ("admm_net", ToolboxADMMNet)):
+    """experiment=toolbox schedule=toolbox_gap_net (model=toolbox_gap_net or toolbox_admm_net): lr 1e-3, ×0.9
+    every 30 epochs of 1000 steps, RMSE."""
+    for name, target in (("toolbox_gap_net", ToolboxGAPNet), ("toolbox_admm_net", ToolboxADMMNet)):
         with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("train", overrides=["experiment=toolbox_gap_net", f"model={name}"])
+            cfg = compose("train", overrides=["experiment=toolbox", f"model={name}", "schedule=toolbox_gap_net"])
         assert cfg.model._target_.endswith(target.__name__) and cfg.module.loss.kind == "rmse"
         opt = instantiate(cfg.module.optimizer)([torch.zeros(1, requires_grad=True)])
         sched = instantiate(cfg.module.scheduler)(opt)
@@ -234,4 +234,4 @@ def test_the_toolbox_protocol_composes():
 
 
 def test_a_training_step_through_train_py(tmp_path):
-    zc.train_one_step(tmp_path, "model=gap_net", "model.stages=2", "model.width=4", "module.loss.kind=rmse")
+    zc.train_one_step(tmp_path, "model=toolbox_gap_net", "model.stages=2", "model.width=4", "module.loss.kind=rmse")

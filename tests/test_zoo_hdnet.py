@@ -171,9 +171,10 @@ def test_hdnet_loss_is_rmse_plus_the_weighted_fdl():
 
 
 def test_the_toolbox_protocol_composes():
-    """experiment=toolbox_hdnet: lr 4e-4 halved at epochs 50, 100, …, 250 (1000 steps each), RMSE + 0.7·FDL."""
+    """experiment=toolbox model=hdnet schedule=toolbox_hdnet: lr 4e-4 halved at epochs 50, 100, …, 250 (1000 steps
+    each), RMSE + 0.7·FDL."""
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=["experiment=toolbox_hdnet"])
+        cfg = compose("train", overrides=["experiment=toolbox", "model=hdnet", "schedule=toolbox_hdnet"])
     assert cfg.model._target_ == "cassi.models.zoo.hdnet.HDNet"
     loss = instantiate(cfg.module.loss)
     assert isinstance(loss, HDNetLoss) and loss.fdl_scale == 0.7 and loss.fdl.loss_weight == 0.7

@@ -278,7 +278,7 @@ def test_the_experiments_compose_the_toolboxs_protocol():
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        mst_cfg = compose("train", overrides=["experiment=toolbox_mst", "model=mst_m"])
+        mst_cfg = compose("train", overrides=["experiment=toolbox", "model=mst_m", "schedule=toolbox_mst"])
         plus = compose("train", overrides=["experiment=toolbox", "model=mst_plus_plus"])
     assert mst_cfg.model.num_blocks == [2, 4, 4] and mst_cfg.model._target_.endswith("MST")
     assert mst_cfg.module.scheduler.milestones == [50, 100, 150, 200, 250] and mst_cfg.module.scheduler.gamma == 0.5

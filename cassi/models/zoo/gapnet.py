@@ -15,7 +15,7 @@ toolbox's weights 1/(Φ + γ_k) are applied as they are, through A and Aᵀ).
 
 cassi's own :class:`cassi.models.GAPNet` / :class:`cassi.models.ADMMNet` (config ``model=gapnet`` /
 ``model=admmnet``) work on the aligned cube only (any geometry, fractional offsets included) and are not
-weight-compatible; these classes (``model=gap_net`` / ``model=admm_net``) are. Imports torch only.
+weight-compatible; these classes (``model=toolbox_gap_net`` / ``model=toolbox_admm_net``) are. Imports torch only.
 """
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ class _Dispersed(ToolboxModel):
 
 @register
 class ToolboxGAPNet(_Dispersed):
-    """GAP-Net as the MST toolbox has it (method ``gap_net``; config ``model=gap_net``), weight-compatible.
+    """GAP-Net as the MST toolbox has it (method ``gap_net``; config ``model=toolbox_gap_net``), weight-compatible.
 
     On the rolled-back dispersed frame u (B, C, H, W+Δ), from u = [Aᵀy | 0]:
     u ← U-Net_k([z + Aᵀ((y − A z) ⊘ Φ) | tail]) with z the first W columns of u, k = 1 … ``stages``;
@@ -161,7 +161,7 @@ class ToolboxGAPNet(_Dispersed):
 
 @register
 class ToolboxADMMNet(_Dispersed):
-    """ADMM-Net as the MST toolbox has it (method ``admm_net``; config ``model=admm_net``), weight-compatible.
+    """ADMM-Net as the MST toolbox has it (method ``admm_net``; config ``model=toolbox_admm_net``), weight-compatible.
 
     On the rolled-back dispersed frame, from θ = [Aᵀy | 0], b = 0, for k = 1 … ``stages``:
     x = [v + Aᵀ((y − A v) ⊘ (Φ + γ_k)) | tail] with v = θ + b (the step on its first W columns),

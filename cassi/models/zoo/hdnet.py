@@ -12,7 +12,7 @@ one more 3×3 conv (C → C, no bias) before the head.
 
 :class:`FDL` is the focal frequency loss the toolbox trains HDNet with (its ``model_generator`` returns it
 beside the model); :class:`HDNetLoss` is the whole training loss, RMSE + 0.7·FDL (weight 0.7 inside), in the
-form of ``module.loss`` (conf/experiment/toolbox_hdnet.yaml). Imports torch only.
+form of ``module.loss`` (conf/schedule/toolbox_hdnet.yaml). Imports torch only.
 """
 from __future__ import annotations
 
