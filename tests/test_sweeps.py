@@ -93,7 +93,7 @@ def test_the_optuna_space_fits_every_model(model):
     for key in params:  # every searched key is one of this model's (HDNet has no stages)
         assert OmegaConf.select(cfg, key, default="missing") != "missing", f"{model}: searches unknown key {key}"
     assert {"module.optimizer.lr", "module.loss.ssim", "module.loss.kind"} <= set(params)
-    free = model in ("gapnet", "admmnet", "dauhst", "gapnet_cpu")  # a stage count that trains from scratch
+    free = model in ("gapnet", "admmnet", "dauhst")  # a stage count that trains from scratch
     assert ("model.stages" in params) is free
     if free:
         (stages,) = OverridesParser.create().parse_overrides([f"model.stages={params['model.stages']}"])
