@@ -22,7 +22,7 @@ from make_dpu_reference import grey_mask, seeded  # noqa: E402
 from cassi import CASSI  # noqa: E402
 from cassi.models import load_model  # noqa: E402
 from cassi.models.zoo import compare, toolbox  # noqa: E402
-from cassi.models.zoo.dpu import DPU, _phi_s, authors_key  # noqa: E402
+from cassi.models.zoo.dpu import DPU, _GroupedMLP, _pair_mix, _phi_s, authors_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = "dpu_2stg"
@@ -77,6 +77,36 @@ def test_equals_the_authors_code(ref):
     # not only bit for bit: in float64 (every rounding changed) no threshold comparison flips that shows
     err = relative_error(run(ref, model.double(), dtype=torch.float64), ref)
     assert err <= 1e-5, f"float64: max error {err:.3g} of the peak"
+
+
+def test_the_grouped_convolutions_without_their_loop_equal_pytorchs_bit_for_bit():
+    """The MLP's three grouped 1×1 convolutions and the per-band pair mix are computed as products and fused
+    sums, not by PyTorch's per-group loop: equal to the convolutions bit for bit (the threshold downstream turns any
+    last-bit change into a visible one), and their gradients equal within rounding."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    for dim in (28, 56):
+        mlp = _GroupedMLP(dim)
+        with torch.no_grad():
+            for p in mlp.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        t = (torch.randn(2, 32, 64, dim, generator=g) * 3).requires_grad_()  # tokens, as the LayerNorm gives them
+
+        def convs(t):
+            x = F.gelu(mlp.expand(t.permute(0, 3, 1, 2)))
+            B, n, H, W = x.shape
+            x = F.gelu(mlp.mix(x.reshape(B, dim, 4, H, W).transpose(1, 2).reshape(B, n, H, W)))
+            return mlp.project(x.reshape(B, 4, dim, H, W).transpose(1, 2).reshape(B, n, H, W)).permute(0, 2, 3, 1)
+
+        fast, want = mlp(t), convs(t)
+        assert torch.equal(fast, want), dim
+        (g_fast,), (g_want,) = (torch.autograd.grad(o.square().sum(), t) for o in (fast, want))
+        torch.testing.assert_close(g_fast, g_want, rtol=1e-5, atol=1e-5)
+        w = torch.randn(dim, 2, 1, 1, generator=g)
+        a, b = torch.randn(2, 2, dim, 32, 64, generator=g)
+        pair = torch.stack([a, b], dim=2).reshape(2, 2 * dim, 32, 64)  # interleaved: a_0, b_0, a_1, ...
+        assert torch.equal(_pair_mix(a, b, w), F.conv2d(pair, w, groups=dim))
 
 
 def test_phi_s_is_summed_as_the_authors_sum_it(ref):

@@ -96,6 +96,14 @@ def _pair_weight(bands: int) -> nn.Parameter:
     return nn.Parameter(torch.cat([torch.ones(bands, 1, 1, 1), torch.zeros(bands, 1, 1, 1)], dim=1))
 
 
+def _pair_mix(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """w_c0·a_c + w_c1·b_c, (B, C, H, W) twice -> (B, C, H, W): the grouped 1×1 convolution of the interleaved
+    pair, bit for bit (a product, then a fused multiply-add, as the convolution's GEMM sums), without its per-group
+    loop."""
+    w = weight.view(-1, 2, 1, 1)
+    return torch.addcmul(a * w[:, 0], b, w[:, 1])
+
+
 # ---------------------------------------------------------------------------------------------- image prior
 class _Attention(nn.Module):
     """Thresholded window attention on normalised tokens (B, H, W, dim), H and W multiples of ``window``; one q/k
@@ -125,7 +133,8 @@ class _Attention(nn.Module):
         scores = torch.einsum("nhid,nhjd->nhij", q, k)
         gate = torch.einsum("nhid,nhjd->nhij", gq, gk)
         # θ per window: from the scores with their diagonal zeroed, pooled over keys, then over queries
-        off = scores - torch.diag_embed(torch.diagonal(scores, dim1=-2, dim2=-1))
+        off = scores.clone()
+        off.diagonal(dim1=-2, dim2=-1).zero_()  # = scores − diag(scores), bit for bit
         theta = self.theta_mlp(self.theta_pool(off).squeeze(-1)).unsqueeze(-1)
         scores = scores * gate
         return scores.softmax(dim=-1) * (scores > theta)
@@ -161,13 +170,21 @@ class _GroupedMLP(nn.Module):
         self.project = nn.Conv2d(dim * mult, dim, 1, groups=dim, bias=False)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
+        # The three grouped convolutions bit for bit (the products and fused sums of the convolutions' GEMMs),
+        # without PyTorch's per-group loop on the CPU. Each GELU is given the layout the convolution's output
+        # had: its kernel, and so its last bit, depends on the layout, and the attention's threshold downstream
+        # turns a last bit into a visible change.
         m = self.mult
-        x = F.gelu(self.expand(t.permute(0, 3, 1, 2)))
-        B, n, H, W = x.shape
-        x = x.reshape(B, n // m, m, H, W).permute(0, 2, 1, 3, 4).reshape(B, n, H, W)  # by expansion, then channel
-        x = F.gelu(self.mix(x))
-        x = x.reshape(B, m, n // m, H, W).permute(0, 2, 1, 3, 4).reshape(B, n, H, W)  # back: by channel
-        return self.project(x).permute(0, 2, 3, 1)
+        B, H, W, D = t.shape
+        x = t.contiguous().unsqueeze(-1) * self.expand.weight.view(D, m)  # (B, H, W, D, m): channels last
+        x = F.gelu(x.view(B, H, W, D * m).permute(0, 3, 1, 2))            # as the convolution's output
+        x = x.permute(0, 2, 3, 1).reshape(B, H * W, D, m).permute(0, 3, 2, 1).contiguous()  # (B, m, D, HW)
+        x = F.gelu(torch.matmul(self.mix.weight.view(m, D, D), x))          # the mix within each expansion
+        w = self.project.weight.view(D, m, 1)
+        out = x[:, 0] * w[:, 0]
+        for j in range(1, m):
+            out = torch.addcmul(out, x[:, j], w[:, j])
+        return out.view(B, D, H, W).permute(0, 2, 3, 1)
 
 
 class _Block(nn.Module):
@@ -224,8 +241,8 @@ class _ImagePrior(nn.Module):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         H, W = a.shape[-2:]
+        mixed = _pair_mix(a, b, self.pair)
         x = _interleave(_reflect_pad(torch.cat([a, b], dim=1), -H % self.multiple, -W % self.multiple))
-        mixed = F.conv2d(x, self.pair, groups=self.bands)
         x1 = self.enc1(self.embed(x))
         x2 = self.enc2(self.down1(x1))
         x = self.down2(x2)
@@ -236,7 +253,7 @@ class _ImagePrior(nn.Module):
         x = self.dec2(x2 + self.fuse2(torch.cat([x, x2], dim=1)))
         x = self.up1(x)
         x = self.dec1(x1 + self.fuse1(torch.cat([x, x1], dim=1)))
-        return (self.mapping(x) + mixed)[:, :, :H, :W]
+        return self.mapping(x)[:, :, :H, :W] + mixed
 
 
 # ---------------------------------------------------------------------------------------------- the other parts
@@ -281,7 +298,7 @@ class _Fusion(nn.Module):
         x = _interleave(torch.cat([a, b], dim=1))
         h = F.leaky_relu(self.norm1(self.conv1(x)), 0.1)
         h = F.leaky_relu(self.norm2(self.conv2(h)), 0.1)
-        return F.conv2d(x, self.pair, groups=self.bands) + h
+        return _pair_mix(a, b, self.pair) + h
 
 
 class _StepSize(nn.Module):
