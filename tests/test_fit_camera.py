@@ -28,6 +28,18 @@ TINY = ('recipe=["data.train.cubes.samples_per_epoch=3","data.train.cubes.patch_
         '"half=false"]')
 
 
+def camera(*overrides) -> dict:
+    """The resolved camera of conf/fit_camera.yaml with these overrides, as scripts/fit_camera.py gives it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return OmegaConf.to_container(compose("fit_camera", overrides=[*overrides, "output_dir=x"]).camera,
+                                      resolve=True)
+
+
+SIM = camera("camera=tsa_simulation")
+
+
 def fit(out, *extra, wait=True, init="null"):
     cmd = [sys.executable, str(ROOT / "scripts" / "fit_camera.py"), "camera.noise.photons=3000", "budget_hours=1",
            f"init={init}", f"output_dir={out}", TINY, *extra]
@@ -130,7 +142,7 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     _, (stage1, _) = plan(1, noiseless=True, machine=CPU)
     said = []
     with pytest.raises(KeyboardInterrupt):
-        fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=said.append)
+        fit_module.fit_camera(out, SIM, budget_hours=1, machine=CPU, echo=said.append)
     # progress: the pool's count, then each validation, once each
     assert said[2:5] == ["  stage1: GAP-TV pool 76/768 scenes, 3.4 min",
                          "  stage1: step 1023, 10.0 min: validation 31.00 dB (best 31.00)",
@@ -147,7 +159,7 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     moved = tmp_path / "moved"  # a fit's folder continues where it was moved to (e.g. from a GPU machine)
     out.rename(moved)
     # continued on a machine whose plan would have one stage: the plan of the first run stands
-    fit_module.fit_camera(moved, ["camera=tsa_simulation"], budget_hours=1, echo=lambda *a: None,
+    fit_module.fit_camera(moved, SIM, budget_hours=1, echo=lambda *a: None,
                           machine=Machine(scene_s=0.1, two_stages_min=1000,
                                           train=["trainer.accelerator=gpu", "data.batch_size=32"]),
                           recipe=["data.batch_size=4", "half=false"])
@@ -163,39 +175,31 @@ def test_time_is_booked_as_it_goes_and_the_last_phase_gets_what_is_left(tmp_path
     assert json.loads((moved / "plan.json").read_text())["progress"]["spent_min"] == pytest.approx(100)
 
 
-def test_a_fit_begun_before_the_typed_plan_continues(tmp_path, monkeypatch):
-    """A plan.json of the older flat layout (plan and progress in one dict, no width: the machine's), stage 1 done
-    and stage 2 stopped 10 minutes in: the fit continues stage 2 with the time it was given, then rewrites plan.json
-    as {"plan": ..., "progress": ...}."""
-    import dataclasses
-
+def test_a_fit_continues_only_with_its_camera_and_budget(tmp_path, monkeypatch):
+    """The plan keeps the resolved camera: another budget, or another camera (here its noise), is refused in one line
+    naming what differs; a plan.json of an earlier cassi (the camera as overrides, flat or typed layout) is refused
+    in one line naming them; nothing runs."""
     import cassi.workflows.fit as fit_module
 
     runs = fake_runs(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):  # stopped in stage 2
+        fit_module.fit_camera(tmp_path / "fit", SIM, budget_hours=1, machine=CPU, echo=lambda *a: None)
+    done = len(runs)
+    with pytest.raises(ValueError, match=r"another camera or budget \(the same camera; budget 1 h, now 2 h\)"):
+        fit_module.fit_camera(tmp_path / "fit", SIM, budget_hours=2, machine=CPU)
+    noisy = camera("camera=tsa_simulation", "camera.noise.photons=3000")
+    with pytest.raises(ValueError, match=r"\(noise=\{'photons': None, .*\(now \{'photons': 3000, "):
+        fit_module.fit_camera(tmp_path / "fit", noisy, budget_hours=1, machine=CPU)
     pool, phases = plan(1, noiseless=True, machine=CPU)
-    best = tmp_path / "stage1" / "checkpoints" / "best-epoch000.ckpt"
-    best.parent.mkdir(parents=True)
-    best.write_bytes(b"")
-    (tmp_path / "stage1" / "done.json").write_text(json.dumps({"best": "stage1/checkpoints/best-epoch000.ckpt"}))
-    flat = {"camera": ["camera=tsa_simulation"], "budget_hours": 1, "spent_min": 40.0,
-            "minutes": {"stage1": phases[0].minutes, "stage2": 25.0}, "pool": pool,
-            "phases": [dataclasses.asdict(p) for p in phases]}
-    (tmp_path / "plan.json").write_text(json.dumps(flat, indent=1))
-    machine = dataclasses.replace(CPU, train=["model.width=24"])
-    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=machine, echo=lambda *a: None)
-    assert [module for module, _ in runs] == [TRAIN, CARD]
-    stage2 = runs[0][1]
-    assert stage2["hydra.run.dir"] == str(tmp_path / "stage2") and stage2["init_weights"] == str(best)
-    assert stage2["trainer.max_time"] == "00:00:25:00" and stage2["model.width"] == "24"
-    assert float(stage2["callbacks.deadline.at"]) == pytest.approx(time.time() + 15 * 60, abs=30)  # 40 spent
-    state = json.loads((tmp_path / "plan.json").read_text())
-    assert state["plan"] == {"camera": ["camera=tsa_simulation"], "budget_hours": 1, "pool": pool,
-                             "phases": flat["phases"], "width": 24}
-    assert state["progress"]["spent_min"] == pytest.approx(100) and state["progress"]["minutes"]["stage2"] == 25
-    fixed, done = fit_module.read_state(tmp_path / "plan.json", [])
-    assert fixed.phases == phases and done.minutes == {"stage1": phases[0].minutes, "stage2": 25.0}
-    with pytest.raises(ValueError, match="holds a fit for camera"):  # another budget: refused, new layout or old
-        fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=2, machine=CPU)
+    old = {"camera": ["camera=tsa_simulation"], "budget_hours": 1, "pool": pool,
+           "phases": [vars(p) for p in phases]}
+    for layout in ({**old, "spent_min": 40.0, "minutes": {}}, {"plan": old, "progress": {"spent_min": 40.0}}):
+        (tmp_path / "old").mkdir(exist_ok=True)
+        (tmp_path / "old" / "plan.json").write_text(json.dumps(layout))
+        with pytest.raises(ValueError, match="planned by an earlier cassi with the camera overrides "
+                                             "camera=tsa_simulation: continue it with that version"):
+            fit_module.fit_camera(tmp_path / "old", SIM, budget_hours=1, machine=CPU)
+    assert len(runs) == done
 
 
 def test_an_init_with_three_u_nets_trains_its_first_two_at_a_short_budget(tmp_path, monkeypatch):
@@ -204,7 +208,7 @@ def test_an_init_with_three_u_nets_trains_its_first_two_at_a_short_budget(tmp_pa
     import cassi.workflows.fit as fit_module
 
     runs = fake_runs(monkeypatch)
-    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=lambda *a: None,
+    fit_module.fit_camera(tmp_path, SIM, budget_hours=1, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
     assert [script for script, _ in runs] == [TRAIN, CARD]
     train = runs[0][1]
@@ -219,7 +223,7 @@ def test_at_a_long_budget_an_init_s_three_u_nets_train_together(tmp_path, monkey
     import cassi.workflows.fit as fit_module
 
     runs = fake_runs(monkeypatch)
-    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=3, machine=CPU, echo=lambda *a: None,
+    fit_module.fit_camera(tmp_path, SIM, budget_hours=3, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
     assert [script for script, _ in runs] == [TRAIN, TRAIN, CARD]
     triple, large = runs[0][1], runs[1][1]
@@ -242,7 +246,7 @@ def test_at_a_long_budget_a_third_u_net_is_grown_on_an_init_s_pair_and_its_pool(
     two = fit_module.load_model("pretrained/cave_any")
     two.config = {**two.config, "stages": 2}  # an init with two U-Nets (the plan reads its config only)
     monkeypatch.setattr(fit_module, "load_model", lambda path: two)
-    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=3, machine=CPU, echo=lambda *a: None,
+    fit_module.fit_camera(tmp_path, SIM, budget_hours=3, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
     assert [script for script, _ in runs] == [TRAIN, TRAIN, CARD]
     pair, triple = runs[0][1], runs[1][1]
@@ -276,7 +280,7 @@ def test_the_u_nets_width_is_the_machine_s_raised_to_the_init_s_and_fixed_by_the
     monkeypatch.setattr(fit_module, "load_model", lambda path: wide)
     bf16 = dataclasses.replace(CPU, train=["trainer.precision=bf16-mixed", "model.width=32"])
     lines = []
-    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=bf16, echo=lines.append,
+    fit_module.fit_camera(tmp_path, SIM, budget_hours=1, machine=bf16, echo=lines.append,
                           init="pretrained/cave_any")
     assert runs[0][0] == TRAIN and runs[0][1]["model.width"] == "48"
     assert any("width 48" in line for line in lines), lines
@@ -284,14 +288,14 @@ def test_the_u_nets_width_is_the_machine_s_raised_to_the_init_s_and_fixed_by_the
     # stopped before its end, continued on a float32 CPU (machine=cpu names no width): still 48
     (tmp_path / "model.ckpt").unlink()
     (tmp_path / "stage2" / "done.json").unlink()
-    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=lambda *a: None,
+    fit_module.fit_camera(tmp_path, SIM, budget_hours=1, machine=CPU, echo=lambda *a: None,
                           init="pretrained/cave_any")
     assert runs[2][0] == TRAIN and runs[2][1]["model.width"] == "48" and "trainer.precision" not in runs[2][1]
     # a recipe's width has the last word over the machine's, raised to the init's like the machine's
     for init_width, want in ((48, 48), (16, 16)):
         wide.config = {**wide.config, "width": init_width}
         out, start, said = tmp_path / f"recipe{init_width}", len(runs), []
-        fit_module.fit_camera(out, ["camera=tsa_simulation"], budget_hours=1, machine=bf16, echo=said.append,
+        fit_module.fit_camera(out, SIM, budget_hours=1, machine=bf16, echo=said.append,
                               init="pretrained/cave_any", recipe=["model.width=16"])
         widths = [r["model.width"] for s, r in runs[start:] if s == TRAIN]
         assert widths and set(widths) == {str(want)}, widths
@@ -305,7 +309,7 @@ def test_a_last_phase_left_too_little_time_is_skipped_and_the_first_stands(tmp_p
 
     runs = fake_runs(monkeypatch, stage1_minutes=51)  # 4 of stage 2's 24 planned minutes are left (5: the card's)
     said = []
-    fit_module.fit_camera(tmp_path, ["camera=tsa_simulation"], budget_hours=1, machine=CPU, echo=said.append,
+    fit_module.fit_camera(tmp_path, SIM, budget_hours=1, machine=CPU, echo=said.append,
                           recipe=["project=false", "half=false", "ensemble=false", "data.batch_size=4"])
     assert [script for script, _ in runs] == [TRAIN, CARD]
     # the recipe's card settings go to the card, the rest to training
@@ -414,12 +418,12 @@ def test_a_published_model_is_fine_tuned_through_the_camera_end_to_end(tmp_path,
                                                             "bands": 28}, "wavelengths": None,
                           "converted": {"source": "mst", "method": "mst_s"}}}, ckpt := tmp_path / "m.ckpt")
     with pytest.raises(ValueError, match=f"init={ckpt} holds a MST of 28 bands; the camera has 31"):
-        fit_camera(tmp_path / "bad", ["camera=tsa_simulation"], CPU, budget_hours=0.5, init=str(ckpt), bands=31)
+        fit_camera(tmp_path / "bad", SIM, CPU, budget_hours=0.5, init=str(ckpt), bands=31)
     assert not (tmp_path / "bad").exists()
     runs = fake_runs(monkeypatch)
     gpu = Machine(scene_s=0.1, two_stages_min=2, train=["trainer.accelerator=gpu", "model.width=32"])
     said = []
-    fit_module.fit_camera(tmp_path / "fit", ["camera=tsa_real"], gpu, budget_hours=0.5, init=str(ckpt), bands=28,
+    fit_module.fit_camera(tmp_path / "fit", camera("camera=tsa_real"), gpu, budget_hours=0.5, init=str(ckpt), bands=28,
                           echo=said.append, scene=200)
     fixed = json.loads((tmp_path / "fit" / "plan.json").read_text())["plan"]
     assert [p["name"] for p in fixed["phases"]] == ["finetune"] and fixed["pool"] == 0 and fixed["width"] is None
@@ -428,7 +432,12 @@ def test_a_published_model_is_fine_tuned_through_the_camera_end_to_end(tmp_path,
     (module, train), (card_module, card) = runs
     assert module == TRAIN and card_module == CARD
     assert train["model"] == "from_checkpoint" and train["model.path"] == train["init_weights"] == str(ckpt)
-    assert train["data"] == "cave_train" and train["camera"] == "tsa_real" and train["trainer.accelerator"] == "gpu"
+    assert train["data"] == "cave_train" and train["trainer.accelerator"] == "gpu"
+    # the camera travels resolved: the fit's own config group option, on Hydra's search path, for every job
+    assert train["camera"] == card["camera"] == "fit"
+    assert train["hydra.searchpath"] == card["hydra.searchpath"] == f"['file://{tmp_path / 'fit' / 'conf'}']"
+    written = OmegaConf.load(tmp_path / "fit" / "conf" / "camera" / "fit.yaml")
+    assert OmegaConf.to_container(written) == fixed["camera"] == camera("camera=tsa_real")
     assert train["module.optimizer.lr"] == str(fit_module.FINETUNE_LR) and train["module.scheduler"] == "null"
     assert train["data.val.crop_to"] == "200" and "callbacks.deadline.at" in train
     assert not any(k.startswith(("model.width", "data.train.cubes", "experiment")) for k in train)
@@ -459,19 +468,19 @@ def test_a_smaller_mask_s_scenes_reach_training_and_the_card(tmp_path, monkeypat
 
     runs = fake_runs(monkeypatch)
     said = []
-    fit_module.fit_camera(tmp_path / "a", ["camera.mask=m.npy"], budget_hours=0.5, machine=CPU, echo=said.append,
+    fit_module.fit_camera(tmp_path / "a", camera("camera.mask=m.npy"), budget_hours=0.5, machine=CPU, echo=said.append,
                           scene=120)
     assert "scenes and validation windows of 120² px" in said[0]
     train, card = runs[0][1], runs[-1][1]
     assert train["data.train.cubes.patch_size"] == "120" and train["data.val.crop_to"] == "120"
     assert card["validation.test.crop_to"] == "120" and card["test.test.crop_to"] == "100"  # the 150² test crops too
     assert "test.test.crop_to" not in train
-    fit_module.fit_camera(tmp_path / "b", ["camera.mask=m.npy"], budget_hours=0.5, machine=CPU, echo=said.append,
+    fit_module.fit_camera(tmp_path / "b", camera("camera.mask=m.npy"), budget_hours=0.5, machine=CPU, echo=said.append,
                           scene=200, recipe=["data.val.crop_to=64"])  # the recipe's own sizes win
     train, card = runs[-2][1], runs[-1][1]
     assert train["data.train.cubes.patch_size"] == "200" and train["data.val.crop_to"] == "64"
     assert card["validation.test.crop_to"] == "200" and "test.test.crop_to" not in card
-    fit_module.fit_camera(tmp_path / "c", ["camera.mask=m.npy"], budget_hours=0.5, machine=CPU, echo=said.append)
+    fit_module.fit_camera(tmp_path / "c", camera("camera.mask=m.npy"), budget_hours=0.5, machine=CPU, echo=said.append)
     assert not any(k in runs[-2][1] for k in ("data.train.cubes.patch_size", "data.val.crop_to"))
 
 
@@ -525,7 +534,8 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     log = (out / "card.log").read_text()
     assert "across masks: bernoulli_0.5" in log and "is another camera's" not in log
     assert "across masks: tsa_simulation" in log  # another file's mask, read without the camera's key
-    assert json.loads((out / "plan.json").read_text())["plan"]["camera"] == ["camera.noise.photons=3000", *camera]
+    planned = json.loads((out / "plan.json").read_text())["plan"]["camera"]
+    assert planned["mask"] == str(mask) and planned["key"] == "code" and planned["noise"]["photons"] == 3000
     # the phases ran as modules (python -m cassi.workflows.train / .card) on the repository's configs, the card's
     # Hydra job named as the script's
     assert (out / "stage2" / "train.log").is_file() and (out / "card_run" / "model_card.log").is_file()

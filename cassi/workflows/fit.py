@@ -6,12 +6,10 @@ cassi.workflows.train``) in its own folder ``D/<phase>``:
 
 1. ``stage1``: GAP-TV corrected by one residual U-Net (``model=refiner``), started from ``init`` (its first U-Net,
    carried to the camera's bands and dispersion axis: ``transfer_weights``), that also reads the mask
-   (``model.mask_input``: +0.28 dB on the validation windows of a held-out camera at 0.5 h), trained on windows of
-   a pool of GAP-TV reconstructions of training crops measured through the camera (relit, shaded, spectrally
-   shifted/stretched, read at scales from ½ to 2: ``zoom``, +0.10 dB on a held-out camera's validation windows at
-   0.5 h), in 64² windows (more steps a minute than cave_tsa's 96²: +0.06 and +0.18 dB on two held-out cameras'
-   validation windows at 0.5 h), each stage projected onto y when the camera is noiseless; the checkpoint is chosen
-   on validation windows.
+   (``model.mask_input``), trained on windows of a pool of GAP-TV reconstructions of training crops measured
+   through the camera (relit, shaded, spectrally shifted/stretched, read at scales from ½ to 2: ``zoom``), in 64²
+   windows (more steps a minute than cave_tsa's 96²), each stage projected onto y when the camera is noiseless; the
+   checkpoint is chosen on validation windows. What each of these choices measured: docs/camera.md.
 2. ``stage2`` (when the budget allows): a second U-Net grown on stage 1 (``init_weights``), both trained together;
    where ``init`` has two U-Nets (the default, ``pretrained/cave_any``), this phase first, started from both, at
    any budget.
@@ -51,12 +49,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from cassi.io import write_text_atomic
 from cassi.models import load_model
 from cassi.models.refine import Refiner, stage_shapes
 
-__all__ = ["Machine", "Phase", "Plan", "Progress", "native_bf16", "plan", "progress", "fit_camera", "unet_width",
-           "scene_side", "read_state", "write_state"]
+__all__ = ["Machine", "Phase", "Plan", "Progress", "camera_overrides", "fit_camera", "fit_from_config", "native_bf16",
+           "pick_machine", "plan", "progress", "read_state", "scene_side", "unet_width", "write_camera", "write_state"]
 
 logger = logging.getLogger(__name__)
 TRAIN = "cassi.workflows.train"  # the phases' jobs, each run as a module in a fresh process (python -m ...)
@@ -71,6 +71,7 @@ TEST_SIDES = (100, 150)    # px: the card's test crops (data=shared_cave), centr
 LARGE_LR = 2.0e-4           # the learning rate of the larger windows' phase (cave_any piece 13's; the recipe's: 1e-3)
 FINETUNE = "finetune"       # the one phase of a fit from another architecture than the Refiner's
 FINETUNE_LR = 1.0e-4        # its learning rate, constant: a quarter of the MST toolbox's 4e-4 from scratch
+CAMERA = "fit"              # D/conf/camera/fit.yaml: the fit's camera, resolved, for each of its jobs (camera=fit)
 
 
 @dataclass
@@ -83,9 +84,10 @@ class Phase:
 @dataclass
 class Plan:
     """What a fit does, fixed at its first run (``plan.json``'s "plan"; a fit continued elsewhere keeps it): the
-    camera's overrides, the budget, the pool's size (scenes), the training phases and the U-Nets' width (the
-    machine's or recipe's raised to the init's: :func:`unet_width`; None: the model config's)."""
-    camera: list[str]
+    camera (its resolved config, which every job of the fit reads: :func:`camera_overrides`), the budget, the
+    pool's size (scenes), the training phases and the U-Nets' width (the machine's or recipe's raised to the init's:
+    :func:`unet_width`; None: the model config's)."""
+    camera: dict
     budget_hours: float
     pool: int
     phases: list[Phase]
@@ -100,22 +102,34 @@ class Progress:
     minutes: dict[str, float] = field(default_factory=dict)
 
 
+def camera_overrides(out: Path) -> list[str]:
+    """The overrides that give a job of the fit in ``out`` its camera: ``out/conf`` on Hydra's search path, where
+    :func:`write_camera` put the plan's camera as ``camera=fit``."""
+    conf = str(out / "conf").replace("\\", "\\\\").replace("'", "\\'")
+    return [f"hydra.searchpath=['file://{conf}']", f"camera={CAMERA}"]
+
+
+def write_camera(out: Path, camera: dict) -> None:
+    """The plan's camera as the config group option ``camera=fit`` in ``out/conf`` (written at each run, from the
+    plan: a moved fit finds it)."""
+    path = out / "conf" / "camera" / f"{CAMERA}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = f"# the camera of the fit in {out} (its plan.json's), resolved: every job of the fit reads it\n"
+    write_text_atomic(path, head + OmegaConf.to_yaml(OmegaConf.create(camera)))
+
+
 def write_state(path: Path, fixed: Plan, done: Progress) -> None:
     """Write ``{"plan": ..., "progress": ...}`` to ``path`` (plan.json), atomically (a kill leaves the old one)."""
     write_text_atomic(path, json.dumps({"plan": asdict(fixed), "progress": asdict(done)}, indent=1))
 
 
-def read_state(path: Path, train: list[str]) -> tuple[Plan, Progress] | None:
-    """The plan and progress in ``path`` (plan.json), None where there is none. An older fit's flat layout (one
-    dict: camera, budget_hours, pool, phases, [width,] spent_min, minutes) is read too, so that it continues; one
-    without a width trains at ``train``'s (the overrides it was continued with), as it did."""
+def read_state(path: Path) -> tuple[Plan, Progress] | None:
+    """The plan and progress in ``path`` (plan.json), None where there is none."""
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    if "plan" not in data:  # the flat layout
-        data = {"plan": {**{k: data[k] for k in ("camera", "budget_hours", "pool", "phases")},
-                         "width": data["width"] if "width" in data else unet_width(train, {})},
-                "progress": {"spent_min": data.get("spent_min", 0.0), "minutes": data.get("minutes", {})}}
+    if "plan" not in data:  # the flat layout of an earlier cassi: the same refusal as its camera overrides
+        data = {"plan": {k: data[k] for k in ("camera", "budget_hours", "pool", "phases")}, "progress": {}}
     fixed = data["plan"]
     return (Plan(**{**fixed, "phases": [Phase(**p) for p in fixed["phases"]]}),
             Progress(**data["progress"]))
@@ -193,8 +207,8 @@ def scene_side(camera) -> int:
 
 
 def reserve(minutes: float) -> float:
-    """Minutes of a budget kept for the card and the phases' start-ups: a tenth, at most 5. The card took about a
-    minute on the 2-core CPU (the cave_tsa remake, 2026-11-28), where a tenth left 27 of 300 minutes unused."""
+    """Minutes of a budget kept for the card and the phases' start-ups: a tenth, at most 5 (a tenth of a long
+    budget would be left unused: docs/camera.md)."""
     return min(0.1 * minutes, 5.0)
 
 
@@ -207,18 +221,14 @@ def plan(budget_hours: float, noiseless: bool, machine: Machine, pool: int | Non
     ``machine.three_stages_min`` minutes of training, its first two alone below (as from an init with two); the
     three on 64² windows for two thirds of the training, then on windows of half the ``scene``'s side (128²) at
     ``LARGE_LR`` for the last third (``stage3_large``; where that half is over 64 px): 64² windows flatten within a
-    3 h fit on the CPU, and ``cave_any``, saturated on 64² windows, gained 0.24 dB on its validation windows from
-    37.5 minutes on 128² windows (its card, piece 13; the split is not measured).
-    From an init with two U-Nets both train together from the start at any
-    budget (at 0.5 h on the 2-core CPU: +0.13 dB on a held-out camera's validation windows over its first U-Net
-    alone, at 3.3× the time a step): all the training time theirs under ``machine.three_stages_min`` minutes, else
-    40% of it, then a third U-Net grown on them and the three trained together for 60% (the pair flattens within a
-    3 h fit on the CPU; continued 45 minutes on a held-out camera's validation windows: 37.91 dB with a third
-    U-Net, 37.75 the pair alone, from 37.55; docs/camera.md; the split is not measured).
+    long fit, and larger windows paid on ``cave_any`` (its card, piece 13; the split is not measured).
+    From an init with two U-Nets both train together from the start at any budget: all the training time theirs
+    under ``machine.three_stages_min`` minutes, else 40% of it, then a third U-Net grown on them and the three
+    trained together for 60% (the pair flattens within a long fit; the split is not measured).
 
-    Else one stage under ``machine.two_stages_min`` minutes of training (on the CPU: 40 minutes; a second U-Net
-    grown at 0.5 h did not pay there), else a first stage alone for 45% of it, then a second grown on it and the
-    pair trained for 55% (on the same pool)."""
+    Else one stage under ``machine.two_stages_min`` minutes of training (a second U-Net grown on a short budget did
+    not pay), else a first stage alone for 45% of it, then a second grown on it and the pair trained for 55% (on the
+    same pool). What each rule measured: docs/camera.md."""
     if budget_hours <= 0:
         raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
     minutes = budget_hours * 60
@@ -328,11 +338,52 @@ def progress(run: Path) -> str | None:
     return line
 
 
-def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget_hours: float = 3.0,
-               noiseless: bool = True, recipe: list[str] | None = None, pool: int | None = None,
+def pick_machine(cfg, choice: str | None, echo=print) -> Machine:
+    """The :class:`Machine` of conf/fit_camera.yaml's ``machine`` group; ``choice`` ``"auto"``: ``gpu`` where torch
+    sees CUDA, else ``cpu_bf16`` on a CPU that computes bfloat16 in hardware (:func:`native_bf16`), else ``cpu``
+    (composed through Hydra's search path; values given on the command line win). Needs Hydra initialized."""
+    import torch
+    from hydra import compose
+
+    machine = OmegaConf.to_container(cfg, resolve=True)
+    if choice == "auto":
+        pick = "gpu" if torch.cuda.is_available() else "cpu_bf16" if native_bf16() else "cpu"
+        given = {k: v for k, v in machine.items() if v is not None}
+        machine = {**OmegaConf.to_container(compose(config_name=f"machine/{pick}").machine), **given}
+        why = {"gpu": "CUDA", "cpu_bf16": "no CUDA GPU, a CPU with bfloat16", "cpu": "no CUDA GPU"}[pick]
+        echo(f"fit_camera: machine={pick} ({why} here; give machine=cpu, cpu_bf16 or gpu to choose)")
+    machine = Machine(**machine)
+    echo(f"fit_camera: plan priced at {machine.scene_s:g} s a pool scene, two stages from {machine.two_stages_min:g} "
+         f"min of training (from an init with two, a third from {machine.three_stages_min:g}); the machine's "
+         f"train.py overrides: {' '.join(machine.train) or 'none'} (the recipe's and the init's width follow: the "
+         f"U-Nets' width is in the next line)")
+    return machine
+
+
+def fit_from_config(cfg, machine_choice: str | None = None, echo=print) -> Path:
+    """The job of conf/fit_camera.yaml (scripts/fit_camera.py): the camera checked (ValueError in one line before
+    any work: a missing mask file, a geometry a fit cannot train for), the machine picked (:func:`pick_machine`),
+    then :func:`fit_camera`. Needs Hydra initialized (for ``machine=auto``)."""
+    import cassi.threads
+    from cassi.physics.camera import Camera
+
+    cassi.threads.configure(cfg.threads)
+    camera = OmegaConf.to_container(cfg.camera, resolve=True)
+    cam = Camera(**camera)
+    cam.check()  # a missing file first
+    scene = scene_side(cam)  # 256, or a smaller mask's side
+    cam.check(frame=(scene, scene))
+    machine = pick_machine(cfg.machine, machine_choice, echo)
+    return fit_camera(cfg.output_dir, camera, machine, cfg.budget_hours, [f"threads={cfg.threads}", *cfg.recipe],
+                      cfg.pool, init=cfg.init, echo=echo, scene=scene, bands=cam.bands)
+
+
+def fit_camera(output_dir, camera: dict, machine: Machine, budget_hours: float = 3.0,
+               recipe: list[str] | None = None, pool: int | None = None,
                init: str | None = None, echo=print, scene: int = SCENE, bands: int | None = None) -> Path:
-    """Run (or continue) the phases into ``output_dir``; returns ``output_dir/model.ckpt``. ``camera_overrides``:
-    the ``camera=...`` / ``camera.<key>=...`` overrides of the camera (passed to every run); ``recipe``: more
+    """Run (or continue) the phases into ``output_dir``; returns ``output_dir/model.ckpt``. ``camera``: the camera's
+    resolved config (conf/camera; every job of the fit reads it, and a fit continues only with the same; noiseless
+    where its ``noise`` names none); ``recipe``: more
     overrides for every training run (e.g. smaller data for a test); ``init``: the weights the fit starts from (a
     Refiner checkpoint or ``pretrained/<name>``, carried to the camera's bands and dispersion axis; a model of
     another architecture: fine-tuned, module docstring), None: from scratch; ``bands``: the camera's band count (a
@@ -342,15 +393,24 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
     out = Path(output_dir).resolve()
     state_path = out / "plan.json"
     train = [*machine.train, *(recipe or [])]  # a recipe's model.width= (e.g. 16 under cpu_bf16) has the last word
-    state = read_state(state_path, train)
+    state = read_state(state_path)
     start = load_model(init) if init and not state else None
     if start is not None and not isinstance(start, Refiner) and bands is not None and start.bands != bands:
         raise ValueError(f"init={init} holds a {type(start).__name__} of {start.bands} bands; the camera has {bands}: "
                          f"a fine-tune keeps the model's bands (a Refiner init is carried to any band count)")
     out.mkdir(parents=True, exist_ok=True)
-    if state and (state[0].camera != camera_overrides or state[0].budget_hours != budget_hours):
-        raise ValueError(f"{out} holds a fit for camera {state[0].camera} and budget {state[0].budget_hours} h; "
-                         f"give the same camera and budget to continue it, or another output_dir")
+    if state and isinstance(state[0].camera, list):  # planned before the camera was stored resolved
+        raise ValueError(f"{out} holds a fit planned by an earlier cassi with the camera overrides "
+                         f"{' '.join(state[0].camera)}: continue it with that version, or start it in another "
+                         f"output_dir")
+    if state and (state[0].camera != camera or state[0].budget_hours != budget_hours):
+        was = state[0].camera
+        differ = ", ".join(f"{k}={was.get(k)!r} (now {camera.get(k)!r})" for k in sorted({*was, *camera})
+                           if was.get(k) != camera.get(k))
+        raise ValueError(f"{out} holds a fit for another camera or budget ({differ or 'the same camera'}; budget "
+                         f"{state[0].budget_hours} h, now {budget_hours} h); give the same camera and budget to "
+                         f"continue it, or another output_dir")
+    noiseless = not any(v is not None for v in (camera.get("noise") or {}).values())
     if scene < SCENE:
         echo(f"fit_camera: scenes and validation windows of {scene}² px, the mask's smaller side (under {SCENE})")
     if state:  # planned at the first run: a fit continued elsewhere (a GPU's, on the CPU) keeps its plan
@@ -360,12 +420,12 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
             if budget_hours <= 0:
                 raise ValueError(f"budget_hours must be > 0, got {budget_hours}")
             minutes = budget_hours * 60
-            fixed = Plan(camera_overrides, budget_hours, 0, [Phase(FINETUNE, max(1.0, minutes - reserve(minutes)))])
+            fixed = Plan(camera, budget_hours, 0, [Phase(FINETUNE, max(1.0, minutes - reserve(minutes)))])
         else:
             config = getattr(start, "config", {})
             size, phases = plan(budget_hours, noiseless, machine, pool, init_stages=config.get("stages", 1),
                                 scene=scene)
-            fixed = Plan(camera_overrides, budget_hours, size, phases, unet_width(train, config))
+            fixed = Plan(camera, budget_hours, size, phases, unet_width(train, config))
         done = Progress()
         if fixed.phases[0].name != FINETUNE and unet_width(train, {}) not in (None, fixed.width):
             # the machine or recipe named a narrower width
@@ -395,6 +455,7 @@ def fit_camera(output_dir, camera_overrides: list[str], machine: Machine, budget
         write_state(state_path, fixed, done)
 
     save(book=False)
+    write_camera(out, fixed.camera)
     stop = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is threading.main_thread():  # SIGTERM (kill, a scheduler) ends the run in it too
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -411,14 +472,14 @@ def _phases(out: Path, fixed: Plan, done: Progress, recipe, init, save, echo) ->
     if phases[0].name == FINETUNE:
         echo(f"fit_camera: fine-tuning {init} end to end through the camera, budget {budget_hours:g} h "
              f"({done.spent_min:.1f} min spent before) -> {out}")
-        base = ["model=from_checkpoint", f"model.path={init}", "data=cave_train", *fixed.camera,
+        base = ["model=from_checkpoint", f"model.path={init}", "data=cave_train", *camera_overrides(out),
                 "data.val.crop_grid=2", f"module.optimizer.lr={FINETUNE_LR}", "module.scheduler=null",
                 "trainer.max_epochs=-1", "test=false", "callbacks.progress=null"]
     else:
         echo(f"fit_camera: {len(phases)} training phase(s), pool of {size} scenes, "
              f"U-Nets of width {width if width is not None else 'the model config sets'}, budget {budget_hours:g} h "
              f"({done.spent_min:.1f} min spent before) -> {out}")
-        base = ["experiment=cave_tsa", "model.mask_input=true", *fixed.camera,
+        base = ["experiment=cave_tsa", "model.mask_input=true", *camera_overrides(out),
                 f"data.train.cubes.samples_per_epoch={size}", "data.train.cubes.spectral_shift=10",
                 "data.train.cubes.spectral_stretch=0.05", "data.train.cubes.zoom=1", f"data.train.patch_size={WINDOW}",
                 "test=false", "callbacks.progress=null"]
@@ -467,7 +528,7 @@ def _phases(out: Path, fixed: Plan, done: Progress, recipe, init, save, echo) ->
     model = out / "model.ckpt"
     if not model.is_file():
         echo("  card: scoring the model beside A⁺y and GAP-TV")
-        _run(CARD, [f"ckpt={previous}", "name=model", "ship=true", f"out_dir={out}", *fixed.camera,
+        _run(CARD, [f"ckpt={previous}", "name=model", "ship=true", f"out_dir={out}", *camera_overrides(out),
                     "validation.test.crop_grid=2",  # the validation windows the checkpoint was chosen on
                     f"hydra.run.dir={out / 'card_run'}", *[o for o in recipe or [] if o.startswith(CARD_KEYS)]],
              out / "card.log", tick=save)
