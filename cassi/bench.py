@@ -13,7 +13,8 @@ and once with caller-given ``out=`` buffers. In the same run it times
 
 and reports ratios to both: each backend's map (fresh, then ``out=``) and its floor's fastest kernel are called in
 turn, round after round (``_medians_ms``), and the map's ratio divides by the floor's time from those rounds, so
-that a drift of the machine's memory bandwidth during the run (up to 1.5× between runs here) touches both alike;
+that a drift of the machine's memory bandwidth during the run (measured: docs/benchmarks.md, "Floors timed in
+turn") touches both alike;
 plus the peak extra resident memory of A with a fresh output
 (measured in a child process from VmHWM). ``scaling`` sweeps A then Aᵀ over bands, sizes and
 batch against bytes moved.
@@ -189,7 +190,7 @@ def _stream_pass():
             _stream(dst[a:b], src[a:b])
             part = src[n + t * extra_r // tasks:n + (t + 1) * extra_r // tasks]
             # `lanes` (32) sums at once, a run-time count: one accumulator, or a constant 32 (unrolled to
-            # scalar code), read 1.3–1.9× slower (measured)
+            # scalar code), read slower (measured: docs/benchmarks.md, "The floor: bytes each map must move")
             acc = np.zeros(lanes, np.float32)
             for i in range(part.shape[0] // lanes):
                 blk = part[i * lanes:(i + 1) * lanes]

@@ -178,11 +178,12 @@ class TrainingModule(ReconstructionModule):
         y = A x + n when ``project`` (x̃ + A⁺(y − A x̃), what survives the projection is trained) and feeding the
         next stage (x̃ or its projection, r = A⁺(y − A x̃)); n is the scene's measurement noise there
         (``batch["noise"]``, :class:`cassi.data.FirstIterates`; none without it), so that a noisy camera's later
-        stages learn from residuals as noisy as at inference (+0.12 dB on a held-out camera's validation windows at
-        0.75 h, docs/camera.md); s is the scene's scale of x₀ throughout.
+        stages learn from residuals as noisy as at inference (measured: docs/camera.md, "How the plan was
+        chosen"); s is the scene's scale of x₀ throughout.
         Windows from a pool of fewer stages than the model (``data.train.stages=1 model.stages=2``) thus train
-        every later stage together, each plainly: a ``flip_ensemble`` is for inference (trained with it on stage 1,
-        a 0.5 h fit made 4780 steps against 7090 without, and read 0.15 dB less on its validation windows)."""
+        every later stage together, each plainly: a ``flip_ensemble`` is for inference (trained with it, a fit
+        makes fewer steps in its time and reads less on its validation windows; measured: docs/camera.md, "How
+        the plan was chosen")."""
         rec, x, s = self.reconstructor, batch["x"], batch.get("scale")
         last = rec.stages - 1
         first = int(batch["stage"][0]) if "stage" in batch else last

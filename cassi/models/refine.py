@@ -105,7 +105,8 @@ class Refiner(Unrolled):
         checkpointing: recompute the U-Nets' activations in backward.
         project: make every stage's output consistent with y, x_k = x̃_k + r̃_k with x̃_k the correction above and
             r̃_k = A⁺(y − A x̃_k) (the GAP projection; the next stage sees (x_k, r̃_k)). For noiseless or lightly
-            noisy measurements (+0.3 dB after stage 1 of cave_tsa, docs/training.md); with noise it fits the noise.
+            noisy measurements (measured: docs/training.md, "The ladder: what each lever gave `cave_tsa`"); with
+            noise it fits the noise.
         prior: each stage's network: ``"unet"`` (convolutional, :class:`cassi.models.blocks.UNet`) or ``"mst"``
             (MST's spectral-wise attention blocks in a U-Net, :class:`cassi.models.zoo.mst.SpectralUNet`; ``width``
             is its first level's channels and head size, ``depth`` its levels + 1).
@@ -114,7 +115,8 @@ class Refiner(Unrolled):
         flip_ensemble: in ``forward``, a stage's correction is the mean of the correction of x and the mirrored
             correction of x mirrored across the dispersion (along h when it runs along w; a mirror along it would
             reverse it), one batch of 2B: twice that U-Net's cost. True: every stage; a list: those stages (0-based;
-            cave_tsa: [0], +0.10 dB and +0.003 SSIM on validation, where every stage adds only 0.003 dB more).
+            cave_tsa: [0], since the mirror on every stage adds next to nothing more on validation; measured:
+            cassi/pretrained/cave_tsa.md, "Data and recipe", step 9).
 
     ``model(op, y)`` (B, 1, H, W+Δ) -> (B, C, H, W); ``return_stages=True`` gives [x₀, x₁, …, x_K].
     ``refine(x, r, scale, stage)`` is one learned correction alone (what ``cassi.data.FirstIterates`` windows
@@ -166,7 +168,7 @@ class Refiner(Unrolled):
                                  f"{None if mask is None else tuple(mask.shape)}")
             m = mask.to(x.dtype).mean(dim=1, keepdim=True)
             parts.append(m.expand(x.shape[0], 1, *x.shape[-2:]))
-        # channels_last: the CPU convolutions run 1.4–1.7× faster on it (measured, 256² batch 2)
+        # channels_last: the CPU convolutions run faster on it (measured: docs/training.md, "The Refiner recipe")
         inp = torch.cat(parts, dim=1).contiguous(memory_format=torch.channels_last)
         if self.checkpointing and torch.is_grad_enabled():
             out = torch.utils.checkpoint.checkpoint(net, inp, use_reentrant=False)

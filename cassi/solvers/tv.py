@@ -12,9 +12,10 @@ dual iteration, u = f − w·div p:
 started from p = 0 on every call (the ``TV_denoising`` of Yuan's GAP-TV code, with the exact
 adjoint divergence). With s = 0 on the CPU (float32/float64, no autograd) and numba installed, one
 numba kernel runs all iterations plane by plane (``cassi.physics.backends.numba.tv_denoise``: p and z of a
-plane stay in cache; ~3× the torch ops at one thread). Otherwise torch ops update all bands and samples
-at once; the only Python loop runs over blocks of planes sized to stay in the CPU cache (with s = 0 the
-dual iterations of one plane never read another plane).
+plane stay in cache; faster than the torch ops, measured: docs/benchmarks.md, "GAP-TV against a textbook
+implementation"). Otherwise torch ops update all bands and samples at once; the only Python loop runs over
+blocks of planes sized to stay in the CPU cache (with s = 0 the dual iterations of one plane never read another
+plane).
 """
 from __future__ import annotations
 
@@ -147,7 +148,8 @@ class _Step:
     ``div(f, a, c, out=d)``: out ← a·f + c·div p in 2K ops (a = 1 or c = 1), div p = −∇ᵀp
     (backward differences with p[−1] = 0: the exact adjoint of ∇, as p stays 0 at the far edges).
     ``sqrt_(n)``: n ← sqrt(n); on CPU as 1/n^(−1/2) (within 2 ulp of sqrt, 0 ↦ 0), as
-    ``pow(−0.5)`` is a vectorised rsqrt there, about 3× faster than ``sqrt``."""
+    ``pow(−0.5)`` is a vectorised rsqrt there, faster than ``sqrt`` (measured: docs/benchmarks.md, "GAP-TV
+    against a textbook implementation")."""
 
     def __init__(self, P: torch.Tensor, G: torch.Tensor, d: torch.Tensor, s: float):
         self.P, self.G, self.d, self.s = P, G, d, s

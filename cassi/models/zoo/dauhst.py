@@ -87,8 +87,8 @@ def _trunc_normal(t: torch.Tensor, std: float) -> torch.Tensor:
 #: Bytes of the largest temporary of one strip: without gradients, at one thread, the blocks run in strips of rows
 #: so that their temporaries stay in cache and are reused by the allocator (a fresh tensor above glibc's mmap
 #: threshold pays page faults that cost more than the arithmetic on it); same values as whole frames. At more
-#: threads they run on whole frames (fewer parallel regions: on 2 busy cores, strips of 4·threads² MB took 8.7 s
-#: against 6.8 s for whole frames, medians of 7). With gradients, whole frames too (the backward of a slice would
+#: threads they run on whole frames (fewer parallel regions: on busy cores, strips lost; measured: docs/zoo/dauhst.md,
+#: "Speed on this CPU"). With gradients, whole frames too (the backward of a slice would
 #: fill a whole frame of zeros per strip), except the parts recomputed in strips (:class:`_StripsRecomputed`).
 STRIP_BYTES = 4 << 20
 #: glibc's largest mmap threshold: a fresh tensor above it always comes from new pages (with gradients, the FFN's

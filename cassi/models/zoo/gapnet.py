@@ -61,7 +61,8 @@ class StageUNet(nn.Module):
         ph, pw = -h % MULTIPLE, -w % MULTIPLE
         if ph or pw:
             x = F.pad(x, (0, pw, 0, ph), mode="reflect")
-        if x.device.type == "cpu":  # oneDNN's convolutions, pools and transposed convs: ~1.5x faster in NHWC
+        # oneDNN's convolutions, pools and transposed convs: faster in NHWC (docs/zoo/gapnet.md, "Figures")
+        if x.device.type == "cpu":
             x = x.contiguous(memory_format=torch.channels_last)
         s0 = self.enc[0](x)
         s1 = self.enc[1](F.max_pool2d(s0, 2))

@@ -157,7 +157,7 @@ class HDNet(ToolboxModel):
 
     def net(self, h: torch.Tensor) -> torch.Tensor:
         """The network on its input cube (B, C, H, W) -> (B, C, H, W)."""
-        if h.device.type == "cpu":  # oneDNN's convolutions: ~1.6x faster in NHWC
+        if h.device.type == "cpu":  # oneDNN's convolutions: faster in NHWC (docs/zoo/hdnet.md, "Figures")
             h = h.contiguous(memory_format=torch.channels_last)
         if self.fuse_input is not None:
             h = self.fuse_input(h)

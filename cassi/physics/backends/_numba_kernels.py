@@ -5,8 +5,8 @@ Two layouts, both with the inner loop over contiguous memory:
 * ``*_w``: dispersion along the last (contiguous) axis. x (B, C, H, W), y (B, 1, H, W+Δ); one task per
   (sample, block of R rows) sums every band into its y rows (A), or per (sample, group of bands, block of
   rows) spreads the y rows into those bands (Aᵀ). Bands are visited a few (``_CB``) at a time, so that a
-  task streams a few x rows at once, not all C (docs/benchmarks.md, "Blocked tasks": A then Aᵀ 1.21× the
-  copy floor on the seed case at two threads, median of five runs, where the per-row tasks took 1.62×):
+  task streams a few x rows at once, not all C (closer to the copy floor than per-row tasks; measured:
+  docs/benchmarks.md, "Blocked tasks"):
 
       A:   y[b,0,h,j]  = Σ_c a_c·z_c[h, j−k_c] + f_c·z_c[h, j−k_c−1],   z = M ⊙ x
       Aᵀ:  x[b,c,h,w]  = M_c[h,w]·(a_c·r[h, w+k_c] + f_c·r[h, w+k_c+1]),   r = y (or w ⊙ y)
@@ -27,9 +27,8 @@ or by a plain loop (its ``*_serial`` twin, for forked children, where numba's Op
 
 Along w, Aᵀ (and ``pinv``) can write x with non-temporal stores (``nt``: each row computed into a scratch row,
 then ``_stream``-ed; the caller asks for it when x exceeds the last-level cache): they skip the read for
-ownership of x's lines (docs/benchmarks.md, "Non-temporal stores": Aᵀ 4.4 against 5.6–8.2 ms on the seed case
-at two threads), and so can the data step (since its kernels take flat arrays, docs/benchmarks.md: 1.51–1.60×
-its floor against 1.74–1.94× with plain stores on the seed case at two threads).
+ownership of x's lines (measured: docs/benchmarks.md, "Non-temporal stores"), and so can the data step (since
+its kernels take flat arrays; measured: docs/benchmarks.md, "Block sizes").
 """
 import numpy as np
 from llvmlite import ir
@@ -98,11 +97,11 @@ def _accumulate(af, ao, aw, xf, xo, mf, mo, R, C, H, W, Cm, k, a, f):
     mf[mo + (c if Cm > 1 else 0)·H·W + r·W] (xo, mo: offsets of row h0 of band 0 in the sample).
     Bands in groups of ``_CB``, the R rows inside a group, so that few x rows stream at once while acc stays
     in cache. A group of four integer taps is summed in one pass over the columns where all four land
-    (``acc`` loaded and stored once per four bands, not once per band: A about 8 % faster at one thread on the
-    seed case, docs/benchmarks.md), its edges band by band. Offsets are unsigned (uint64) and the arrays flat:
-    numba checks a signed index for wrap-around (a branch per element that also keeps LLVM from vectorising,
-    3.5× slower, measured), and a row's slice objects cost as much as its short edge loops (flat unsigned
-    offsets: A 7–10 % faster at one thread, 4–8 % at two, docs/benchmarks.md)."""
+    (``acc`` loaded and stored once per four bands, not once per band; measured: docs/benchmarks.md, "Blocked
+    tasks"), its edges band by band. Offsets are unsigned (uint64) and the arrays flat: numba checks a signed
+    index for wrap-around (a branch per element that also keeps LLVM from vectorising; measured:
+    docs/benchmarks.md, "Index slices with the loop counter alone"), and a row's slice objects cost as much as its
+    short edge loops (measured: docs/benchmarks.md, "Flat unsigned offsets")."""
     U = np.uint64
     plane, Wu, awu = U(H) * U(W), U(W), U(aw)
     for c0 in range(0, C, _CB):
@@ -494,8 +493,9 @@ def tv_planes(f, out, c, iters):
         z = div p − f/w;   p ← (p + τ∇z) / (1 + τ|∇z|);   out = f − w·div p
 
     (∇: forward differences, 0 at the far edges; div = −∇ᵀ). ``out`` may be ``f`` (read and written at the
-    same index only). ``c`` = [1, 1/w, τ, w] in f's dtype (float32 data then computes in float32: 1.9× faster
-    than with Python-float constants, measured)."""
+    same index only). ``c`` = [1, 1/w, τ, w] in f's dtype: float32 data then computes in float32, where
+    Python-float constants would promote the loops to float64 (measured: docs/benchmarks.md, "GAP-TV against a
+    textbook implementation")."""
     for n in prange(f.shape[0]):
         _tv_planes_task(n, f, out, c, iters)
 

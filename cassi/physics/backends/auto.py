@@ -12,8 +12,9 @@ from cassi.physics.backends.base import Backend, UnsupportedGeometry
 
 log = logging.getLogger("cassi")
 
-#: Tried in this order; ``compiled`` (compile time) and ``conv``/``fft`` (measured
-#: 10-80x slower) are left out by default. Pass ``candidates=`` to change.
+#: Tried in this order; ``compiled`` (compile time) and ``conv``/``fft`` (far slower; measured:
+#: docs/benchmarks.md, "`strided`, `loop` and `auto`") are left out by default. Pass
+#: ``candidates=`` to change.
 DEFAULT_CANDIDATES = ("numba", "triton", "strided", "scatter", "fold", "loop")
 
 

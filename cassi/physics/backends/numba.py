@@ -57,9 +57,9 @@ os.register_at_fork(after_in_child=_forked)
 def _kernels():
     """The compiled kernels (``_numba_kernels``), imported on first use. Unless NUMBA_THREADING_LAYER(_PRIORITY)
     is set, numba prefers its OpenMP layer: it then shares torch's OpenMP runtime and thread pool (with its own
-    pool, torch's idle OpenMP workers spin on the cores that numba's workers need: 1.99× vs 5.66× over the
-    textbook GAP-TV at 2 threads, measured). GNU OpenMP cannot run a parallel region in a forked child (numba
-    aborts it), so a forked child (a DataLoader worker) runs the ``_serial`` kernels."""
+    pool, torch's idle OpenMP workers spin on the cores that numba's workers need; measured: docs/benchmarks.md,
+    "Threads"). GNU OpenMP cannot run a parallel region in a forked child (numba aborts it), so a forked child
+    (a DataLoader worker) runs the ``_serial`` kernels."""
     import numba
 
     if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
@@ -75,8 +75,8 @@ def _kernels():
 
 def _run(name: str, *args) -> None:
     """Run kernel ``name`` with ``torch.get_num_threads()`` threads (capped at numba's pool); in a forked
-    child, its ``_serial`` twin (measured with the per-row kernels of before 1f536b3, 256² × 28 × 16 at one
-    thread: A as fast, Aᵀ ~17 % slower, so the parent runs the parallel kernel even at one thread). Parallel
+    child, its ``_serial`` twin (no faster than the parallel kernel at one thread, so the parent runs the
+    parallel kernel even then; measured: docs/benchmarks.md, "Threads"). Parallel
     calls are serialised (numba's workqueue layer, used where OpenMP and TBB are missing, must not be entered
     by two threads at once); serial ones take no lock (a child forked while another thread held it would wait
     on it forever)."""
@@ -149,8 +149,8 @@ def _rows_per_task(outer: int, H: int, cap: int) -> int:
 
 def _y_rows(g, t: torch.Tensor) -> int:
     """The most y rows (W+Δ wide) a task of A or Aᵀ takes: 512 KB of them, which stay in L2 while the task's
-    bands stream past. Long blocks mean long x streams (a band's R rows are contiguous): on the seed case A took
-    1.16× its floor at 256 rows against 1.26× at 64 at two threads, 1.22× against 1.56× at one (docs/benchmarks.md)."""
+    bands stream past. Long blocks mean long x streams (a band's R rows are contiguous), which bring A nearer its
+    floor (measured: docs/benchmarks.md, "Block sizes")."""
     return max(1, 2**19 // (g.out_width * t.element_size()))
 
 
@@ -262,8 +262,8 @@ class NumbaBackend(Backend):
             _run("residual_h", zn, yn, wn, mn, k, a, f, un, rn)
             _run("adj_h", rn, mn, k, a, f, xn, zn, True)
         else:
-            # a task's block of z (R × C × W) is read twice, the second time from cache: ≤ 2 MiB (L2 or L3; on the
-            # seed case 64 rows took 1.72× the floor against 1.79× for 18 rows, ≤ 512 KB: docs/benchmarks.md)
+            # a task's block of z (R × C × W) is read twice, the second time from cache: ≤ 2 MiB (L2 or L3;
+            # nearer the floor than blocks of ≤ 512 KB, measured: docs/benchmarks.md, "Block sizes")
             cap = max(1, 2 ** 21 // (g.bands * g.width * z.element_size()))
             _run("step_w", zn, yn, wn, mn, k, a, f, xn, un, _rows_per_task(B, H, cap), _streams(x))
         return _finish(x, out), u

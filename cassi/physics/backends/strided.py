@@ -14,8 +14,9 @@ import torch
 from cassi.physics.backends.base import Backend, empty
 
 #: bytes of y per row block of the forward: fits a 2 MB L2 with room for the x rows streaming
-#: through. On the dev machine (L3 260 MB) 1.3 MB blocks cut fractional A by ~20 % and leave
-#: integer A unchanged; smaller blocks cost more in per-op overhead than they save.
+#: through; such blocks speed up fractional A and leave integer A unchanged (measured:
+#: docs/benchmarks.md, "`strided`, `loop` and `auto`"); smaller blocks cost more in per-op
+#: overhead than they save.
 BLOCK_BYTES = 5 << 18
 
 
