@@ -27,14 +27,17 @@ REAL       ?= ../shared/data
 DEMO_STAMP := $(shell date +%Y-%m-%d_%H-%M-%S)
 DEMO_OUT   ?= outputs/demo/$(DEMO_STAMP)
 demo: venv
-	$(PY) scripts/reconstruct.py data=chart ckpt=pretrained/chart_demo output_dir=$(DEMO_OUT) $(ARGS)
+	@echo "demo: a spectral test chart, chart_demo beside GAP-TV, into"; echo "  $(DEMO_OUT)"
+	@$(PY) scripts/reconstruct.py data=chart ckpt=pretrained/chart_demo output_dir=$(DEMO_OUT) $(ARGS)
 	@if [ -f "$(REAL)/real/tsa_real_scene1.mat" ] && [ -f "$(REAL)/masks/tsa_real_mask_660.mat" ]; then \
-	  echo "real scene: $(REAL)/real/tsa_real_scene1.mat, tsa_real beside gap_tv_real, into $(DEMO_OUT)/real"; \
+	  echo "real scene: tsa_real beside gap_tv_real on"; echo "  $(REAL)/real/tsa_real_scene1.mat, into"; \
+	  echo "  $(DEMO_OUT)/real"; \
 	  $(PY) scripts/reconstruct.py data=real ckpt=pretrained/tsa_real solver=gap_tv_real output_dir=$(DEMO_OUT)/real \
 	    data.predict.entries="$(REAL)/real/tsa_real_scene1.mat" data.predict.mask="$(REAL)/masks/tsa_real_mask_660.mat"; \
 	else echo "real scene skipped: no TSA real data in $(REAL) (real/tsa_real_scene1.mat, masks/tsa_real_mask_660.mat); add them with: make demo REAL=<folder>"; fi
-	@if [ -f "$(DEMO_OUT)/real/index.html" ]; then echo "demo reports: $(DEMO_OUT)/index.html and, the real scene, $(DEMO_OUT)/real/index.html"; \
-	else echo "demo report: $(DEMO_OUT)/index.html"; fi
+	@if [ -f "$(DEMO_OUT)/real/index.html" ]; then echo "demo reports:"; echo "  $(DEMO_OUT)/index.html"; \
+	  echo "  $(DEMO_OUT)/real/index.html (the real scene)"; \
+	else echo "demo report:"; echo "  $(DEMO_OUT)/index.html"; fi
 
 test: venv
 	$(PY) -m pytest -q -n auto $(ARGS)

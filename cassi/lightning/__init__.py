@@ -1,6 +1,7 @@
 """Lightning modules, data modules and callbacks: the only part of cassi that imports Lightning (its
 ``seed_everything`` re-exported for the workflows above)."""
 import logging as _logging
+import warnings as _warnings
 
 from lightning.pytorch import seed_everything
 
@@ -21,3 +22,7 @@ class _NoTips(_logging.Filter):
 
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
     _logging.getLogger(_name).addFilter(_NoTips())
+
+# Lightning's own use of torch's pytree API (lightning/pytorch/utilities/_pytree.py), deprecated in torch 2.13: a
+# 200-character warning in every run that the user cannot act on
+_warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
