@@ -492,6 +492,20 @@ def test_training_step_on_windows_trains_the_last_stage(tmp_path):
     assert module.geometry == {"offsets": [0.0, 1.0, 2.0, 3.0, 4.0], "axis": "w", "bands": 5}
 
 
+def test_windows_of_first_iterates_are_refused_for_a_model_that_does_not_take_them():
+    """The training module is model-agnostic: windows of first iterates go to the model's ``forward_windows``; a
+    model without one (here GAP-Net), or stage weights beside them, is refused in one line naming it."""
+    from cassi.lightning import TrainingModule
+    from cassi.models import GAPNet
+
+    batch = torch.utils.data.default_collate([pool()[i] for i in range(2)])
+    op = lambda mask: CASSI(mask, bands=5, step=1)  # noqa: E731
+    with pytest.raises(ValueError, match="train a model that takes them .* not GAPNet$"):
+        TrainingModule(GAPNet(bands=5, stages=1, width=4, depth=2), operator=op).training_step(batch, 0)
+    with pytest.raises(ValueError, match="not Refiner with stage_weights"):
+        TrainingModule(tiny(), operator=op, stage_weights=[1.0]).training_step(batch, 0)
+
+
 @pytest.mark.parametrize("project, ensemble, masked", [(False, False, False), (True, False, False), (True, True, False),
                                                        (True, True, True)])
 def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ensemble, masked):
@@ -522,8 +536,8 @@ def test_windows_of_the_first_iterates_train_every_stage_end_to_end(project, ens
         x2 = model.refine(x1 + r1 if project else x1, r1, s, stage=1, mask=m)
         want = x2 + op.pinv(y - op(x2)) if project else x2
         without = dict(batch, noise=torch.zeros_like(batch["noise"]))  # what the noise changes is trained
-        assert not torch.allclose(module.refine_windows(without), want, atol=1e-3)
-        assert torch.allclose(module.refine_windows(batch), want, atol=1e-5)
+        assert not torch.allclose(model.forward_windows(without, module.operator), want, atol=1e-3)
+        assert torch.allclose(model.forward_windows(batch, module.operator), want, atol=1e-5)
         assert torch.allclose(loss, module.loss(want, x), atol=1e-6)
         # windows that feed stage 2 (the default without "stage") train stage 2 alone, as before
         last = dict(batch, stage=torch.ones_like(batch["stage"]))

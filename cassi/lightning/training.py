@@ -156,12 +156,13 @@ class TrainingModule(ReconstructionModule):
             op = self.operator(mask=batch["mask"] if "mask" in batch else torch.ones(1, 1, 1, 1, device=x.device))
             self.geometry = op.geometry.record()
         if "x0" in batch:  # windows of a solver's reconstructions (cassi.data.FirstIterates): the learned part
-            if not hasattr(self.reconstructor, "refine") or self.stage_weights is not None:
-                raise ValueError(f"training batches of first iterates (x0, r windows) train a cassi.models.Refiner "
-                                 f"without stage_weights, not {type(self.reconstructor).__name__}"
+            windows = getattr(self.reconstructor, "forward_windows", None)  # the models that learn from them
+            if windows is None or self.stage_weights is not None:
+                raise ValueError(f"training batches of first iterates (x0, r windows) train a model that takes "
+                                 f"them (cassi.models.Refiner) without stage_weights, not "
+                                 f"{type(self.reconstructor).__name__}"
                                  f"{' with stage_weights' if self.stage_weights is not None else ''}")
-            out = self.refine_windows(batch)
-            loss = self.loss(out, x)
+            loss = self.loss(windows(batch, self.operator), x)
         elif self.stage_weights is None:
             op = self.operator(mask=batch["mask"])
             loss = self.loss(self.reconstructor(op, batch["y"]), x)
@@ -171,33 +172,6 @@ class TrainingModule(ReconstructionModule):
             loss = sum(w * self.loss(o, x) for w, o in zip(self.stage_weights, outs)) / sum(self.stage_weights)
         self.log("train/loss", loss, prog_bar=True, batch_size=x.shape[0])
         return loss
-
-    def refine_windows(self, batch: dict) -> torch.Tensor:
-        """The Refiner's output (B, C, h, w) on windows of its inputs: stages ``batch["stage"]`` (the stage the
-        windows feed; default the last) to K, end to end, each projected onto the window's own measurement
-        y = A x + n when ``project`` (x̃ + A⁺(y − A x̃), what survives the projection is trained) and feeding the
-        next stage (x̃ or its projection, r = A⁺(y − A x̃)); n is the scene's measurement noise there
-        (``batch["noise"]``, :class:`cassi.data.FirstIterates`; none without it), so that a noisy camera's later
-        stages learn from residuals as noisy as at inference (measured: docs/camera.md, "How the plan was
-        chosen"); s is the scene's scale of x₀ throughout.
-        Windows from a pool of fewer stages than the model (``data.train.stages=1 model.stages=2``) thus train
-        every later stage together, each plainly: a ``flip_ensemble`` is for inference (trained with it, a fit
-        makes fewer steps in its time and reads less on its validation windows; measured: docs/camera.md, "How
-        the plan was chosen")."""
-        rec, x, s = self.reconstructor, batch["x"], batch.get("scale")
-        last = rec.stages - 1
-        first = int(batch["stage"][0]) if "stage" in batch else last
-        if not 0 <= first <= last:
-            raise ValueError(f"windows feed stage {first + 1} but the model has {rec.stages} stage(s): train a "
-                             f"model of at least {first + 1} stages on them (model.stages)")
-        project = getattr(rec, "project", False)
-        op = self.operator(mask=batch["mask"]) if project or first < last else None
-        y = None if op is None else op(x) + batch.get("noise", 0)  # the window as a scene, with its noise
-        est, r = batch["x0"], batch["r"]
-        for k in range(first, last):
-            est, r = rec.step(op, y, est, r, k, scale=s, ensemble=False)
-        out = rec.refine(est, r, s, stage=last, mask=batch.get("mask"))
-        return op.data_step(out, y) if project else out  # ρ = 0: the GAP projection, one fused pass
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         x, _ = self.reconstruct(batch)

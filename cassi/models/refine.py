@@ -202,6 +202,32 @@ class Refiner(Unrolled):
             outs.append(x)
         return outs if return_stages else outs[-1]
 
+    def forward_windows(self, batch: dict, operator) -> torch.Tensor:
+        """The output (B, C, h, w) on a training batch of windows of first iterates (:class:`cassi.data.FirstIterates`:
+        x, x0, r, mask, scale[, stage, noise]; ``operator(mask=...)`` builds the windows' operator), what
+        :class:`cassi.lightning.TrainingModule` trains: stages ``batch["stage"]`` (the stage the windows feed; default
+        the last) to K, end to end, each projected onto the window's own measurement y = A x + n when ``project``
+        (x̃ + A⁺(y − A x̃), what survives the projection is trained) and feeding the next stage (x̃ or its
+        projection, r = A⁺(y − A x̃)); n is the scene's measurement noise there (none without ``batch["noise"]``),
+        so that a noisy camera's later stages learn from residuals as noisy as at inference (measured:
+        docs/camera.md, "How the plan was chosen"); s is the scene's scale of x₀ throughout.
+        Windows from a pool of fewer stages than the model (``data.train.stages=1 model.stages=2``) thus train
+        every later stage together, each plainly: a ``flip_ensemble`` is for inference (trained with it, a fit
+        makes fewer steps in its time and reads less on its validation windows; docs/camera.md, same section)."""
+        x, s = batch["x"], batch.get("scale")
+        last = self.stages - 1
+        first = int(batch["stage"][0]) if "stage" in batch else last
+        if not 0 <= first <= last:
+            raise ValueError(f"windows feed stage {first + 1} but the model has {self.stages} stage(s): train a "
+                             f"model of at least {first + 1} stages on them (model.stages)")
+        op = operator(mask=batch["mask"]) if self.project or first < last else None
+        y = None if op is None else op(x) + batch.get("noise", 0)  # the window as a scene, with its noise
+        est, r = batch["x0"], batch["r"]
+        for k in range(first, last):
+            est, r = self.step(op, y, est, r, k, scale=s, ensemble=False)
+        out = self.refine(est, r, s, stage=last, mask=batch.get("mask"))
+        return op.data_step(out, y) if self.project else out  # ρ = 0: the GAP projection, one fused pass
+
     def step(self, op, y: torch.Tensor, x: torch.Tensor, r: torch.Tensor, stage: int, residual: bool = True,
              scale: torch.Tensor | None = None, ensemble: bool = True):
         """Stage ``stage``: x̃ = correct(x, r) and what it leaves of y, r' = A⁺(y − A x̃) (None unless
