@@ -457,6 +457,25 @@ def test_make_demo_runs_in_an_80_column_terminal_and_its_model_beats_gap_tv(tmp_
     assert (out / "real" / "index.html").is_file() and "<out>/real/index.html (the real scene)" in said
 
 
+def test_the_readmes_shipped_and_published_model_commands_run(tmp_path, shared_data):
+    """README's "Pretrained and published models" block as a user runs it, in a folder of their own: a shipped model
+    beside GAP-TV on the shared CAVE crops (above it there), then the MST toolbox's weights converted (a
+    toolbox-layout mst_s.pth with seeded weights stands in for the download) and loaded by the main job. (The
+    paper's table and the fine-tune: tests/test_zoo_mst.py, tests/test_fit_camera.py.)"""
+    import zoo_common as zc
+
+    shipped = run(documented("reconstruct.py", "data=shared_cave", "ckpt=pretrained/cave_tsa"), tmp_path,
+                  f"paths.shared_data={shared_data}", "output_dir=shipped")
+    mean = json.loads((tmp_path / "shipped" / "summary.json").read_text())["mean"]
+    assert mean["psnr"] > mean["baseline_psnr"] + 2, shipped.stdout[-2000:]
+    zc.toolbox_checkpoint("mst_s", zc.load_reference("mst_s"), tmp_path / "mst_s.pth")
+    run(documented("convert_checkpoint.py", "source=mst", "method=mst_s", "weights=mst_s.pth", "out=mst_s.ckpt"),
+        tmp_path)
+    run(documented("reconstruct.py", "ckpt=mst_s.ckpt"), tmp_path, "data.test.n=1", "output_dir=converted")
+    (row,) = json.loads((tmp_path / "converted" / "summary.json").read_text())["scenes"]
+    assert row["status"] == "reconstructed" and "MST" in (tmp_path / "converted" / "summary.md").read_text()
+
+
 def test_optuna_search_on_tiny_cpu_then_collect(tmp_path, shared_data, monkeypatch):
     """`python scripts/train.py hparams_search=optuna experiment=tiny_cpu` in miniature (one trial): it stopped at
     its first trial when its space drew model.stages=7, which tiny_cpu's Refiner cannot train from scratch; then

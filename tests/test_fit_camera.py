@@ -541,3 +541,18 @@ def test_fit_camera_killed_once_resumes_and_writes_a_loadable_model_and_card(tmp
     assert (out / "stage2" / "train.log").is_file() and (out / "card_run" / "model_card.log").is_file()
     again = fit(out, *camera, init=init)  # everything done: nothing is redone
     assert again.returncode == 0 and "stage1: done" in again.stdout
+    # the README's next command: the user's measurements (a 64² corner of the mask, measured here) with the model
+    from cassi import CASSI
+    from cassi.io import save_measurement
+
+    code = torch.from_numpy(scipy.io.loadmat(mask)["code"]).float()
+    scipy.io.savemat(small := tmp_path / "small.mat", {"code": code[:64, :64].double().numpy()})
+    y = CASSI(code[:64, :64], bands=28, step=2)(torch.rand(1, 28, 64, 64, generator=torch.Generator().manual_seed(3)))
+    save_measurement(tmp_path / "meas" / "scene.mat", y[0])
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "reconstruct.py"), "data=measurements",
+                        "data.predict.entries=meas/*.mat", f"camera.mask={small}", "camera.key=code",
+                        f"ckpt={out / 'model.ckpt'}", "output_dir=rec"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "rec" / "summary.json").read_text())["scenes"]
+    assert row["status"] == "reconstructed" and "another camera" not in r.stdout + r.stderr
