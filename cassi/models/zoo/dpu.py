@@ -216,7 +216,7 @@ class _ImagePrior(nn.Module):
 
     def __init__(self, bands: int, dim: int, window: int):
         super().__init__()
-        self.bands, self.multiple = bands, 4 * window
+        self.multiple = 4 * window
         d1, d2 = dim, 2 * dim
         self.pair = _pair_weight(bands)
         self.embed = nn.Conv2d(2 * bands, d1, 3, 1, 1, bias=False)
@@ -283,7 +283,6 @@ class _Fusion(nn.Module):
 
     def __init__(self, bands: int):
         super().__init__()
-        self.bands = bands
         self.pair = _pair_weight(bands)
         self.conv1 = nn.Conv2d(2 * bands, bands, 1)
         self.norm1 = nn.GroupNorm(bands, bands)
