@@ -115,7 +115,7 @@ def test_camera_group_composes_in_every_script(script, shared_data):
     assert cfg.camera.mask.endswith("tsa_real_mask_660.mat") and cfg.camera.noise.photons == 1000
     if script == "fit_camera":
         return
-    assert cfg.bands == 31 and cfg.operator.step == 1.5 and cfg.operator.axis == "h"
+    assert cfg.bands == 31 and cfg.camera.step == 1.5 and cfg.camera.axis == "h"
     sim = instantiate(cfg.data.simulator if "data" in cfg else cfg.validation.simulator)
     assert (sim.bands, sim.step, sim.axis) == (31, 1.5, "h") and sim.noise.photons == 1000
     assert type(sim.masks).__name__ == "RandomMaskCrops" and type(sim.eval_masks).__name__ == "FixedMask"
@@ -128,9 +128,13 @@ def test_per_band_offsets_reach_the_operator_and_the_simulator():
     offsets = [round(1.2 * c + 0.04 * c * c, 2) for c in range(28)]  # a dispersion that no step gives
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=["camera=synthetic", f"camera.offsets={offsets}", "camera.step=null"])
-    op = instantiate(cfg.operator, _partial_=True)(torch.ones(28, 64, 64))
+    op = instantiate(cfg.operator)(torch.ones(28, 64, 64))
     sim = instantiate(cfg.data.simulator)
     assert op.offsets == offsets and sim.offsets == offsets and sim.step is None
+    # one route: the operator has no geometry of its own that could disagree with the simulator's
+    from hydra.errors import ConfigCompositionException
+    with initialize_config_dir(str(CONF), version_base="1.3"), pytest.raises(ConfigCompositionException):
+        compose("train", overrides=["operator.step=1"])
 
 
 def test_data_configs_choose_their_camera_and_the_command_line_wins(shared_data):

@@ -109,6 +109,30 @@ def test_wrong_band_count_is_refused():
         tiny("GAPNet", 4)(op, op(x))
 
 
+def test_the_check_runs_when_the_model_first_meets_an_operator(monkeypatch):
+    """Every reconstructor is checked in one place, Reconstructor.__call__: once per operator it meets, again on
+    another, and again after a refusal; the camera warning only in eval mode (training masks are the camera)."""
+    from cassi.models import camera as camera_module
+
+    model, calls = tiny("GAPNet", 5).eval(), []
+    model.camera = {"masks": {"kind": "bernoulli", "p": 0.9}, "noise": None}
+    monkeypatch.setattr(camera_module, "check_geometry", lambda m, op: calls.append(("geometry", op)))
+    monkeypatch.setattr("cassi.models.unrolled.check_geometry", lambda m, op: calls.append(("geometry", op)))
+    monkeypatch.setattr("cassi.models.unrolled.check_camera", lambda m, op: calls.append(("camera", op)))
+    op, x = random_op(1, 5, 8, 8)
+    for _ in range(3):
+        model(op, op(x))
+    assert calls == [("geometry", op), ("camera", op)]
+    other, _ = random_op(1, 5, 8, 8, seed=1)
+    model.train()(other, other(x))
+    assert calls[2:] == [("geometry", other)]  # training: no camera warning
+    bad, _ = random_op(1, 6, 8, 8)
+    monkeypatch.undo()
+    for _ in range(2):  # a refused operator is refused every time, not remembered as met
+        with pytest.raises(ValueError, match="reconstructs 5 bands but the operator has 6"):
+            model(bad, bad(torch.rand(1, 6, 8, 8)))
+
+
 @pytest.mark.parametrize("bad", [dict(stages=0), dict(bands=0), dict(stages=1.5)])
 def test_invalid_sizes(bad):
     with pytest.raises(ValueError, match="positive integer"):

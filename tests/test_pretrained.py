@@ -61,7 +61,7 @@ def test_each_card_s_test_table_is_measured_again(name, shared_data):
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("model_card", overrides=[f"ckpt=pretrained/{name}", f"name={name}", *CARD_TEST[name],
                                                f"paths.shared_data={shared_data}", "threads=1"])
-    operator = instantiate(cfg.operator, _partial_=True)
+    operator = instantiate(cfg.operator)
     model, gap_tv = load_model(cfg.ckpt, operator=operator), instantiate(cfg.baselines.gap_tv)
     stated_gap, stated_model = _card_means((PRETRAINED_DIR / f"{name}.md").read_text())
     measured_gap = mean_psnr(score(cfg, gap_tv, operator, "test"))

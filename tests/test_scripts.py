@@ -91,7 +91,7 @@ def test_configs_compose(config):
     if "operator" in cfg:
         import torch
 
-        op = instantiate(cfg.operator, mask=torch.ones(8, 8))
+        op = instantiate(cfg.operator)(mask=torch.ones(8, 8))
         assert op.bands == cfg.bands and op.offsets[1] == 2
 
 
@@ -101,7 +101,7 @@ def test_every_backend_by_name_in_the_operator_config(backend):
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("evaluate", overrides=[f"operator.backend={backend}"])
-    op = instantiate(cfg.operator, mask=torch.ones(6, 7))
+    op = instantiate(cfg.operator)(mask=torch.ones(6, 7))
     assert type(op.backend) is BACKENDS[backend] and op.offsets[1] == 2
 
 

@@ -138,7 +138,7 @@ def test_checkpoint_loads_from_its_path_alone_and_reconstructs_the_same(trained)
     model = load_model(path)
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=[o for o in TINY if o.startswith(("model", "bands"))])
-    module = TrainingModule(instantiate(cfg.model), instantiate(cfg.operator, _partial_=True))
+    module = TrainingModule(instantiate(cfg.model), instantiate(cfg.operator))
     module.load_state_dict(torch.load(path, weights_only=True)["state_dict"])
     op = CASSI((torch.rand(2, 1, 16, 20) > 0.5).float(), bands=6, step=2)
     y = op(torch.rand(2, 6, 16, 20))
@@ -175,7 +175,7 @@ def test_reconstruct_accepts_a_checkpoint_and_checks_it_before_any_work(trained,
     alone = json.loads((tmp_path / "alone" / "summary.json").read_text())
     assert not any(k.startswith("baseline") for s in alone["scenes"] for k in s)
     assert "<th>baseline</th>" not in (tmp_path / "alone" / "index.html").read_text()
-    r = run("reconstruct.py", *common, "operator.step=1", f"output_dir={tmp_path / 'bad'}", ok=False)
+    r = run("reconstruct.py", *common, "camera.step=1", f"output_dir={tmp_path / 'bad'}", ok=False)
     assert r.returncode != 0 and "was trained for dispersion offsets" in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "bad" / "reconstructions").exists()
 
@@ -193,7 +193,7 @@ def test_bad_checkpoints_fail_before_any_work(trained, tmp_path, case):
     ckpt, extra, message = {
         "missing": (tmp_path / "none.ckpt", [], "none.ckpt does not exist"),
         "junk": (junk, [], "junk.ckpt is not a cassi checkpoint"),
-        "geometry": (trained / "checkpoints" / "last.ckpt", ["bands=6", "operator.step=1"],
+        "geometry": (trained / "checkpoints" / "last.ckpt", ["bands=6", "camera.step=1"],
                      "was trained for dispersion offsets [0, 2, …, 10] (6 bands) along 'w', but the operator has "
                      "offsets [0, 1, …, 5]"),
         "bands": (trained / "checkpoints" / "last.ckpt", [], "reconstructs 6 bands but the operator has 28"),

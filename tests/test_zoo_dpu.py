@@ -231,3 +231,16 @@ def test_checkpointing_gives_the_same_gradients_and_bf16_runs():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = small(stages=1).train()(op, op(x))
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
+
+
+def test_reported_figures_of_dpu_and_ssr_set_beside_a_table():
+    """DPU and SSR quote PSNR (and for the largest sizes SSIM) on KAIST; a figure not quoted is left out, not
+    invented; a method with none gives no line."""
+    from cassi.models.zoo.toolbox import reported_beside
+
+    five = reported_beside("dpu_5stg", 30.0, 0.9, "2 scenes")
+    assert five.endswith("its authors report 39.62 dB on KAIST's 10 scenes (the DPU paper (Zhang et al., CVPR 2024), "
+                         "as its figures are quoted in cassi's issue 85)")
+    assert "40.52 dB / 0.977" in reported_beside("dpu_9stg", 30.0, 0.9, "x")
+    assert "40.69 dB / 0.978" in reported_beside("ssr_l", 30.0, 0.9, "x")
+    assert reported_beside("ssr_m", 30.0, 0.9, "x") is None

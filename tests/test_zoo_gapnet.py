@@ -200,7 +200,7 @@ def test_bf16_autocast_runs():
 def test_refuses_fractional_offsets_small_frames_and_other_band_counts(cls):
     model = small(cls, 4)
     frac = CASSI(torch.ones(16, 16), bands=4, step=1.5)
-    with pytest.raises(ValueError, match=r"dispersed frame, which needs integer offsets.*operator.step=2"):
+    with pytest.raises(ValueError, match=r"dispersed frame, which needs integer offsets.*camera.step=2"):
         model(frac, torch.zeros(1, 1, 16, 21))
     tiny = CASSI(torch.ones(4, 16), bands=4)
     with pytest.raises(ValueError, match=r"needs a dispersed frame of at least 8×8 pixels \(.*\), got 4×22"):

@@ -108,7 +108,7 @@ def check_geometry(model, op) -> None:
     if not same:
         raise ValueError(f"{where} was trained for dispersion offsets {_short(offs)} along {axis!r}, "
                          f"but the operator has offsets {_short(op.offsets)} along {op.axis!r}; "
-                         f"set operator.step/operator.offsets/operator.axis to match or use another model")
+                         f"set camera.step/camera.offsets/camera.axis to match or use another model")
 
 
 def _short(offs) -> str:

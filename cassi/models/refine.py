@@ -194,7 +194,6 @@ class Refiner(Unrolled):
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
         """x_K (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` [x₀, …, x_K]. ``gt`` is ignored."""
-        self.check(op)
         x, r = self.first(op, y)
         outs = [x]
         for k in range(self.stages):

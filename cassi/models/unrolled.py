@@ -16,6 +16,7 @@ DAUHST (the toolbox's, weight-compatible) is :class:`cassi.models.zoo.dauhst.DAU
 from __future__ import annotations
 
 import math
+import weakref
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,11 +64,23 @@ class Reconstructor(nn.Module):
         stages = f", stages={self.stages}" if isinstance(getattr(self, "stages", None), int) else ""
         return f"{type(self).__name__}(bands={self.bands}{stages}, {n / 1e6:.3g} M parameters{where})"
 
+    def __call__(self, *args, **kwargs):
+        """``model(op, y, ...)``: :meth:`check` when the model first meets ``op`` (an operator object it was not
+        last called with), then ``forward``; the one place every reconstructor's check runs."""
+        op = args[0] if args else kwargs.get("op")
+        met = self.__dict__.get("_met")
+        if op is not None and (met is None or met() is not op):
+            self.check(op)
+            self.__dict__["_met"] = weakref.ref(op)
+        return super().__call__(*args, **kwargs)
+
     def check(self, op) -> None:
-        """Before reconstructing through ``op``: :meth:`check_geometry`, then one warning line when its mask is
-        not one the model was trained for (:func:`cassi.models.camera.check_camera`)."""
+        """Before reconstructing through ``op``: :meth:`check_geometry`, then (in eval mode: a training batch's
+        masks are the camera being trained) one warning line when its mask is not one the model was trained for
+        (:func:`cassi.models.camera.check_camera`)."""
         self.check_geometry(op)
-        check_camera(self, op)
+        if not self.training:
+            check_camera(self, op)
 
     def check_geometry(self, op) -> None:
         """ValueError when ``op``'s band count (or, for a loaded checkpoint, its dispersion) differs
@@ -114,7 +127,6 @@ class Unrolled(Reconstructor):
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
         """x_K (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` the list [x₀, z₁, …, z_K].
         ``gt`` is accepted (and ignored) so that the model is called like a solver."""
-        self.check(op)
         x0 = op.pinv(y)
         scale = None
         if self.normalize:  # s (B, 1, 1, 1); an all-dark sample keeps s = 2e-6 (its outputs stay ~0)

@@ -16,7 +16,8 @@ the simulator and the operator share.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Sequence
 
@@ -28,7 +29,7 @@ from cassi.physics.noise import Compose, GaussianNoise, ShotNoise
 from cassi.physics.operator import CASSI
 from cassi.physics.simulate import BernoulliMasks, BlockMasks, FixedMask, MixedMasks, RandomMaskCrops, Simulator, _fill
 
-__all__ = ["Camera", "simulator", "KINDS"]
+__all__ = ["Camera", "resolve", "simulator", "operators", "KINDS"]
 
 KINDS = ("fixed", "crops", "bernoulli", "blocks", "mixture")
 
@@ -70,7 +71,7 @@ class Camera:
         except ValueError as e:
             raise ValueError(f"camera.wavelengths: {e}") from None
         if offsets is not None:
-            if step is not None:  # the operator's config reads both (conf/operator/auto.yaml)
+            if step is not None:
                 raise ValueError(f"camera.offsets replaces camera.step: give camera.step=null with it (got step={step})")
             offsets = [float(o) for o in offsets]
         try:
@@ -176,23 +177,26 @@ class Camera:
                 f"noise={self.noise or None})")
 
 
-def simulator(camera: Mapping, bands: int | None = None, step: float | None = None,
-              offsets: Sequence[float] | None = None, axis: str | None = None, wavelengths="camera",
-              backend="auto") -> Simulator:
-    """The Simulator of a camera spec (a mapping of :class:`Camera`'s arguments: the ``camera`` config node). The
-    script's own keys win where given (not None): ``bands``, the operator's ``step``/``offsets``/``axis``, and
-    ``wavelengths`` ("camera": the camera's; None: not checked), so that ``bands=6`` or ``operator.step=1.5``
-    keep working beside ``camera.*``."""
+def resolve(camera: Mapping, bands: int | None = None, wavelengths="camera") -> Camera:
+    """The :class:`Camera` of a spec (a mapping of its arguments: the ``camera`` config node), with the run's band
+    count where given and not the camera's (``bands=6``; its wavelengths are then not checked) and ``wavelengths``
+    ("camera": the camera's; None: not checked). Every script's simulator and operator come from it."""
     spec = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in dict(camera).items()}
     if bands is not None and bands != spec.get("bands"):
         spec["bands"] = bands
         spec["wavelengths"] = None if wavelengths == "camera" else wavelengths
     elif wavelengths != "camera":
         spec["wavelengths"] = wavelengths
-    if offsets is not None:
-        spec["offsets"], spec["step"] = [float(o) for o in offsets], None
-    elif step is not None:
-        spec["offsets"], spec["step"] = None, step
-    if axis is not None:
-        spec["axis"] = axis
-    return Camera(**spec).simulator(backend)
+    return Camera(**spec)
+
+
+def simulator(camera: Mapping, bands: int | None = None, wavelengths="camera", backend="auto") -> Simulator:
+    """The measurements of a camera spec: ``resolve(camera, bands, wavelengths).simulator(backend)``
+    (conf/data/simulator/camera.yaml)."""
+    return resolve(camera, bands, wavelengths).simulator(backend)
+
+
+def operators(camera: Mapping, bands: int | None = None, backend="auto") -> Callable[..., CASSI]:
+    """``mask -> CASSI`` through a camera spec's geometry (conf/operator/auto.yaml): the operator every script
+    reconstructs through, the same camera as its simulator's."""
+    return functools.partial(resolve(camera, bands, wavelengths=None).operator, backend=backend)

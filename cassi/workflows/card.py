@@ -158,7 +158,7 @@ def model_card(cfg: DictConfig) -> None:
     CardError for a config it refuses (before any work), or a table across masks with no mask measured."""
     cassi.threads.configure(cfg.threads)
     seed_everything(cfg.seed)
-    operator = instantiate(cfg.operator, _partial_=True)
+    operator = instantiate(cfg.operator)
     out = Path(cfg.out_dir)
     _check(cfg)
     if cfg.measure == "across_masks":  # a shipped model, in place

@@ -25,7 +25,7 @@ def evaluate(cfg: DictConfig) -> Path:
     through ``cfg.operator``; returns the stem of the results files (``<output_dir>/results``)."""
     cassi.threads.configure(cfg.threads)
     seed_everything(cfg.seed, workers=True)
-    operator = instantiate(cfg.operator, _partial_=True)
+    operator = instantiate(cfg.operator)
     reconstructor = load_model(cfg.ckpt, operator=operator) if cfg.ckpt else instantiate(cfg.solver)
     module = ReconstructionModule(reconstructor, operator)
     title = f"{cfg.ckpt or cfg.solver._target_.rsplit('.', 1)[-1]} on {cfg.data_name}"

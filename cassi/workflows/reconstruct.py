@@ -25,7 +25,7 @@ def reconstruct(cfg: DictConfig, console: Console | None = None) -> int:
     console = console or Console()
     writer = instantiate(cfg.writer)
     datamodule = instantiate(cfg.data)
-    operator = instantiate(cfg.operator, _partial_=True)
+    operator = instantiate(cfg.operator)
     # a checkpoint's band count and dispersion are checked against the configured operator here, before any work
     reconstructor = load_model(cfg.ckpt, operator=operator) if cfg.ckpt else instantiate(cfg.solver)
     # with a trained model, the configured solver (GAP-TV by default) runs beside it (~solver: not)

@@ -30,7 +30,7 @@ def train(cfg: DictConfig) -> float | None:
     cassi.threads.configure(cfg.threads)
     seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
-    module = instantiate(cfg.module, model=instantiate(cfg.model), operator=instantiate(cfg.operator, _partial_=True))
+    module = instantiate(cfg.module, model=instantiate(cfg.model), operator=instantiate(cfg.operator))
     results = ResultsTable(Path(cfg.paths.output_dir) / "test_results", f"{cfg.model._target_} (best on {cfg.monitor})")
     callbacks = [c for c in instantiate(cfg.callbacks).values() if c is not None]
     trainer = instantiate(cfg.trainer, callbacks=[*callbacks, results], logger=instantiate(cfg.logger))

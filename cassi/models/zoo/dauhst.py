@@ -483,7 +483,6 @@ class DAUHST(ToolboxModel):
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
         """x_K (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` [x₀, …, x_K]. ``gt`` is ignored."""
-        self.check(op)
         offs = integer_offsets(op)
         yd = dispersed_last(op, y)
         n = yd.shape[-1] - op.delta
@@ -529,7 +528,6 @@ class DAUHSTReal(ToolboxModel):
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
         """x_K (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` [x₀, …, x_K]. ``gt`` is ignored."""
-        self.check(op)
         x = self.fuse(dispersed_last(op, shift_back(op, y, scale=False))).to(y.dtype)
         outs = [x]
         for k in range(self.stages):

@@ -153,7 +153,6 @@ class ToolboxGAPNet(_Dispersed):
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, C, H, W) from y (B, 1, H, W+Δ); ``gt`` is accepted and ignored."""
-        self.check(op)
         u = self._start(op, y)
         for k in range(self.stages):
             u = self._run(k, lambda t, k=k: self._stage(k, op, y, t), u)
@@ -196,7 +195,6 @@ class ToolboxADMMNet(_Dispersed):
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, C, H, W) from y (B, 1, H, W+Δ); ``gt`` is accepted and ignored."""
-        self.check(op)
         theta = self._start(op, y)
         b = torch.zeros_like(theta)
         floor = None  # the smallest positive Φ, read only when some γ_k < 0

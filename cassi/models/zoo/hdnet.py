@@ -169,7 +169,6 @@ class HDNet(ToolboxModel):
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, C, H, W) from y (B, 1, H, W+Δ); ``gt`` is accepted and ignored."""
-        self.check(op)
         h = shift_back(op, y, scale=not self.real)
         return self.net(h).to(y.dtype)
 

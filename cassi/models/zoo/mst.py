@@ -481,7 +481,6 @@ class MST(ToolboxModel):
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, C, H, W) from y (B, 1, H, W+Δ) (or (B, 1, H+Δ, W) for axis h)."""
-        self.check(op)
         offsets = integer_offsets(op)
         dtype = _param_dtype(self)
         h = dispersed_last(op, shift_back(op, y)).to(dtype)  # (B, C, H, W)
@@ -526,7 +525,6 @@ class MSTReal(ToolboxModel):
         _frame_limits(op, 2 ** self.stage, "MST")
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None) -> torch.Tensor:
-        self.check(op)
         h = _real_input(op, y, self.peak, _param_dtype(self))
         size = h.shape[-2:]
         h = _pad_to(h, 2 ** self.stage)
@@ -588,7 +586,6 @@ class MSTPlusPlus(_PlusPlus):
         self._build(bands, 2 * bands, dim, stages, checkpointing)
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None) -> torch.Tensor:
-        self.check(op)
         dtype = _param_dtype(self)
         h = _nhwc(dispersed_last(op, shift_back(op, y)).to(dtype))
         m = dispersed_last(op, op.mask).to(dtype)
@@ -616,7 +613,6 @@ class MSTPlusPlusReal(_PlusPlus):
         self._build(bands, bands, dim, stages, checkpointing)
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None) -> torch.Tensor:
-        self.check(op)
         h = _nhwc(_real_input(op, y, self.peak, _param_dtype(self)))
         x0 = _linear(h, self.fusion.weight, self.fusion.bias)
         return undo(op, self._run(x0)).to(y.dtype)

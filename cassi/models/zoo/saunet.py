@@ -228,7 +228,6 @@ class SAUNet(ToolboxModel):
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
         """x (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` the K stages' outputs. ``gt`` is
         ignored."""
-        self.check(op)
         offs, C, K = integer_offsets(op), self.bands, self.stages
         yd = dispersed_last(op, y)
         B, wide = yd.shape[0], yd.shape[-1]

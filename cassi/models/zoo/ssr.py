@@ -291,7 +291,6 @@ class SSR(ToolboxModel):
 
     def forward(self, op, y: torch.Tensor, gt: torch.Tensor | None = None, return_stages: bool = False):
         """x (B, C, H, W) from y (B, 1, H, W+Δ); with ``return_stages`` the K stage outputs. ``gt`` is ignored."""
-        self.check(op)
         offs, C = integer_offsets(op), self.bands
         yd = dispersed_last(op, y)
         n = yd.shape[-1] - op.delta

@@ -52,7 +52,7 @@ def integer_offsets(op, what: str = "this model") -> list[int]:
     offs = [int(round(o)) for o in op.offsets]
     if any(abs(o - r) > 1e-6 for o, r in zip(op.offsets, offs)):
         raise ValueError(f"{what} works on the dispersed frame, which needs integer offsets; the operator has "
-                         f"fractional ones ({op.offsets[:3]}...): use an integer step (e.g. operator.step=2)")
+                         f"fractional ones ({op.offsets[:3]}...): use an integer step (e.g. camera.step=2)")
     return offs
 
 
@@ -99,8 +99,8 @@ def roll_bands(x: torch.Tensor, offsets: list[int], sign: int = 1) -> torch.Tens
 class ToolboxModel(Reconstructor):
     """Base of the toolbox's architectures in cassi: ``model(op, y) -> x`` (B, C, H, W) with the inputs of the
     method's template derived inside (module docstring). Subclasses set ``self.config = _config(self,
-    dict(locals()))`` and implement ``forward``; they call :meth:`check` first, which also refuses (one line)
-    what the architecture cannot do (:meth:`limits`)."""
+    dict(locals()))`` and implement ``forward``; :meth:`check`, run when a model first meets an operator, also
+    refuses (one line) what the architecture cannot do (:meth:`limits`)."""
 
     def limits(self, op) -> None:
         """Raise ValueError (one line) for a geometry the architecture cannot handle; default: none."""
@@ -127,16 +127,20 @@ METHODS: dict[str, Method] = {}
 
 _MST = "caiyuanhao1998/MST README.md, 'Quantitative Comparison on Simulation Dataset'"
 _SAU = "hustvl/SAUNet README.md, 'Results from the paper'"
+_DPU = "the DPU paper (Zhang et al., CVPR 2024), as its figures are quoted in cassi's issue 85"
+_SSR = "the SSR paper (Zhang et al., CVPR 2024), as its figures are quoted in cassi's issue 85"
 #: What the authors publish for each method on KAIST's 10 simulation scenes (the 256² mask, 28 bands, step 2):
-#: (mean PSNR dB, mean SSIM, where it is written). Both metrics per band on 8-bit cubes (cassi.metrics.psnr_table,
-#: ssim_table). DPU and SSR publish their figures only in their papers, which are not quoted here.
-REPORTED: dict[str, tuple[float, float, str]] = {
+#: (mean PSNR dB, mean SSIM or None where not quoted, where it is written). Both metrics per band on 8-bit cubes
+#: (cassi.metrics.psnr_table, ssim_table). DPU and SSR publish theirs only in their papers; ssr_m's is not quoted.
+REPORTED: dict[str, tuple[float, float | None, str]] = {
     "gap_net": (33.26, 0.917, _MST), "admm_net": (33.58, 0.918, _MST), "hdnet": (34.97, 0.943, _MST),
     "mst_s": (34.26, 0.935, _MST), "mst_m": (34.94, 0.943, _MST), "mst_l": (35.18, 0.948, _MST),
     "mst_plus_plus": (35.99, 0.951, _MST), "dauhst_2stg": (36.34, 0.952, _MST), "dauhst_3stg": (37.21, 0.959, _MST),
     "dauhst_5stg": (37.75, 0.962, _MST), "dauhst_9stg": (38.36, 0.967, _MST),
     "saunet_1stg": (34.84, 0.946, _SAU), "saunet_2stg": (36.73, 0.961, _SAU), "saunet_3stg": (37.54, 0.966, _SAU),
     "saunet_5stg": (38.16, 0.970, _SAU), "saunet_9stg": (38.57, 0.973, _SAU), "saunet_13stg": (38.79, 0.974, _SAU),
+    "dpu_5stg": (39.62, None, _DPU), "dpu_9stg": (40.52, 0.977, _DPU),
+    "ssr_s": (39.19, None, _SSR), "ssr_l": (40.69, 0.978, _SSR),
 }
 
 
@@ -146,8 +150,9 @@ def reported_beside(method: str | None, psnr_table: float, ssim_table: float, wh
     if method not in REPORTED:
         return None
     psnr, ssim, source = REPORTED[method]
-    return (f"{method}: {psnr_table:.2f} dB / SSIM {ssim_table:.3f} here ({where}); its authors report {psnr:.2f} dB / "
-            f"{ssim:.3f} on KAIST's 10 scenes ({source})")
+    theirs = f"{psnr:.2f} dB" + (f" / {ssim:.3f}" if ssim is not None else "")
+    return (f"{method}: {psnr_table:.2f} dB / SSIM {ssim_table:.3f} here ({where}); its authors report {theirs} "
+            f"on KAIST's 10 scenes ({source})")
 
 
 def register_method(name: str, target: str, rename: Callable[[str], str] | None = None, source: str = "mst",
