@@ -62,9 +62,12 @@ def sam(pred, target) -> torch.Tensor:
 
 def all_metrics(pred, target) -> dict[str, torch.Tensor]:
     """{'psnr', 'psnr_table', 'ssim', 'ssim_table', 'sam'}: each (B,); ssim_table NaN on frames under its 11×11
-    window."""
-    pred = pred.clamp(0, 1)
-    table = (ssim_table(pred, target) if min(pred.shape[-2:]) >= 11
-             else torch.full(pred.shape[:1], float("nan"), dtype=pred.dtype, device=pred.device))
-    return {"psnr": psnr(pred, target), "psnr_table": psnr_table(pred, target),
-            "ssim": ssim(pred, target), "ssim_table": table, "sam": sam(pred, target)}
+    window. Measured in float32 or above with autocast off, also inside a bf16/fp16 autocast (validation under
+    mixed precision), where SSIM's convolutions would otherwise run in half precision."""
+    dtype = torch.promote_types(torch.promote_types(pred.dtype, target.dtype), torch.float32)
+    with torch.autocast(pred.device.type, enabled=False):
+        pred, target = pred.to(dtype).clamp(0, 1), target.to(dtype)
+        table = (ssim_table(pred, target) if min(pred.shape[-2:]) >= 11
+                 else torch.full(pred.shape[:1], float("nan"), dtype=pred.dtype, device=pred.device))
+        return {"psnr": psnr(pred, target), "psnr_table": psnr_table(pred, target),
+                "ssim": ssim(pred, target), "ssim_table": table, "sam": sam(pred, target)}

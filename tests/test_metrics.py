@@ -57,3 +57,22 @@ def test_all_metrics_on_frames_under_the_table_ssim_window():
     assert torch.isfinite(m["psnr_table"]).all() and torch.isfinite(m["psnr"]).all()
     with pytest.raises(ValueError, match="at least 11×11"):
         ssim_table(truth, truth)
+
+
+def test_metrics_are_measured_in_full_precision_under_bf16_autocast():
+    """Validation under trainer.precision=bf16-mixed runs inside autocast: the scores must still be float32 ones
+    (SSIM's Gaussian convolutions would otherwise run in bfloat16 and read low)."""
+    import torch
+
+    from cassi.metrics import all_metrics
+
+    g = torch.Generator().manual_seed(0)
+    target = torch.rand(2, 4, 32, 32, generator=g)
+    pred = (target + 0.05 * torch.randn(2, 4, 32, 32, generator=g)).clamp(0, 1)
+    plain = all_metrics(pred, target)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = all_metrics(pred, target)
+        half = all_metrics(pred.bfloat16(), target)  # a bf16 output is scored as its float32 value
+    for k in plain:
+        assert auto[k].dtype == torch.float32 and torch.equal(auto[k], plain[k]), k
+        assert torch.equal(half[k], all_metrics(pred.bfloat16().float(), target)[k]), k
