@@ -373,7 +373,7 @@ def scaling(backend: str = "auto", sweeps: dict = SWEEPS, base: dict = SCALING_B
             moved = sum(rw)
             kernel = _floor(*rw, repeats, warmup, device, sync)[1]  # the faster floor kernel, then in turn with the map
             ms, floor = _medians_ms([lambda: op.adjoint(op(x, out=y), out=xo), kernel], repeats, warmup, sync)
-            del op, x, y, xo, kernel
+            op = x = y = xo = kernel = None  # free them before the next case is allocated
             rows.append({"sweep": sweep, **{k: case[k] for k in ("batch", "bands", "height", "width", "step")},
                          "backend": chosen, "mb_moved": moved / 1e6, "ms": ms, "floor_ms": floor,
                          "x_floor": ms / floor, "gb_s": moved / 1e6 / ms, "floor_gb_s": moved / 1e6 / floor})

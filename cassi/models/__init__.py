@@ -15,5 +15,5 @@ from cassi.models.unrolled import ADMMNet, GAPNet, Reconstructor, Unrolled
 __all__ = ["ADMMNet", "DAUHST", "GAPNet", "HalfShuffleTransformer", "ReconstructionLoss", "Reconstructor", "Refiner", "ResStack", "StageEstimator",
            "UNet", "Unrolled", "architecture", "export_weights", "load_model", "load_prior", "resolve_checkpoint"]
 
-from cassi.models import zoo  # noqa: E402  (registers the toolbox's architectures)
+from cassi.models import zoo  # noqa: E402,F401  (registers the toolbox's architectures)
 from cassi.models.zoo.dauhst import DAUHST, HalfShuffleTransformer, StageEstimator  # noqa: E402

@@ -404,7 +404,7 @@ def adj_h_serial(y, m, k, a, f, x, z, add):
 
 @njit(**_HELPER)
 def _residual_h_task(i, z, y, wt, m, k, a, f, u, r):
-    B, Hy, Wd = y.shape[0], y.shape[2], y.shape[3]
+    Hy, Wd = y.shape[2], y.shape[3]
     Bm, Bw = m.shape[0], wt.shape[0]
     b, j = i // Hy, i % Hy
     acc = np.zeros(Wd, dtype=y.dtype)
