@@ -126,6 +126,10 @@ def test_the_check_runs_when_the_model_first_meets_an_operator(monkeypatch):
     other, _ = random_op(1, 5, 8, 8, seed=1)
     model.train()(other, other(x))
     assert calls[2:] == [("geometry", other)]  # training: no camera warning
+    import pickle
+    copy = pickle.loads(pickle.dumps(model))  # a model that has met an operator still pickles; its copy checks anew
+    copy(other, other(x))
+    assert calls[3:] == [("geometry", other)]
     bad, _ = random_op(1, 6, 8, 8)
     monkeypatch.undo()
     for _ in range(2):  # a refused operator is refused every time, not remembered as met

@@ -74,6 +74,13 @@ class Reconstructor(nn.Module):
             self.__dict__["_met"] = weakref.ref(op)
         return super().__call__(*args, **kwargs)
 
+    def __getstate__(self):
+        """Pickled (torch.save, deepcopy, spawned processes) without the operator last met, a weak reference: the
+        copy checks the first operator it meets."""
+        state = dict(super().__getstate__())
+        state.pop("_met", None)
+        return state
+
     def check(self, op) -> None:
         """Before reconstructing through ``op``: :meth:`check_geometry`, then (in eval mode: a training batch's
         masks are the camera being trained) one warning line when its mask is not one the model was trained for
