@@ -1,6 +1,6 @@
 """One training step of a Refiner stage (tiny_cpu's: 8 windows of 96², 2C = 56 inputs, C = 28, L1 loss, Adam) with
 each stage network, timed in turn in one process, one thread, median of the rounds after the first: the ratio that
-sets the steps of the equal-CPU-time comparison of docs/training.md ("A stage network from MST's blocks"). Run it
+sets the steps of the equal-CPU-time comparisons of docs/training.md ("Stage networks at equal CPU time"). Run it
 alone on the machine.
 
     python benchmarks/prior_step.py [rounds]
@@ -13,8 +13,8 @@ import torch
 
 from cassi.models import Refiner
 
-NETS = {"unet, width 16, depth 4": ("unet", 16, 4), "mst, width 28, depth 3": ("mst", 28, 3),
-        "mst, width 32, depth 3": ("mst", 32, 3)}
+NETS = {"unet, width 16, depth 4": ("unet", 16, 4), "unet, width 16, depth 5": ("unet", 16, 5),
+        "mst, width 28, depth 3": ("mst", 28, 3), "hst, width 28, depth 3": ("hst", 28, 3)}
 
 
 def main(rounds: int = 6) -> None:

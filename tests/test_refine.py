@@ -438,16 +438,19 @@ def test_more_stages_start_from_fewer_in_training(tmp_path):
                        init_weights=str(path2))
 
 
-def test_a_spectral_attention_prior_trains_every_weight_and_loads_from_its_checkpoint(tmp_path):
-    """prior="mst": each stage is MST's attention U-Net (cassi.models.zoo.mst.SpectralUNet) on [x, r]; any frame
-    size (padded inside), gradients reach every weight, a checkpoint gives the same model back; names other
-    than unet and mst and widening its stages are refused."""
+@pytest.mark.parametrize("prior", ["mst", "hst"])
+def test_an_attention_prior_trains_every_weight_and_loads_from_its_checkpoint(tmp_path, prior):
+    """prior="mst" / "hst": each stage is MST's attention U-Net (cassi.models.zoo.mst.SpectralUNet) or DAUHST's
+    half-shuffle transformer (cassi.models.zoo.dauhst.HSTPrior) on [x, r]; any frame size (padded inside),
+    gradients reach every weight, a checkpoint gives the same model back; other names and widening its stages
+    are refused."""
     from cassi.lightning import TrainingModule
+    from cassi.models.zoo.dauhst import HSTPrior
     from cassi.models.zoo.mst import SpectralUNet
 
-    model = tiny(stages=2, prior="mst")
-    assert all(isinstance(net, SpectralUNet) for net in model.priors)
-    op, x = random_op(2, 5, 13, 11)
+    model = tiny(stages=2, prior=prior)
+    assert all(isinstance(net, {"mst": SpectralUNet, "hst": HSTPrior}[prior]) for net in model.priors)
+    op, x = random_op(2, 5, *{"mst": (13, 11), "hst": (37, 35)}[prior])  # hst: a grid of windows to attend across
     out = model(op, op(x))
     assert out.shape == x.shape
     out.square().mean().backward()
@@ -455,12 +458,12 @@ def test_a_spectral_attention_prior_trains_every_weight_and_loads_from_its_check
     assert not missing, f"no gradient reaches {missing}"
     model.eval()
     loaded = load_model(checkpoint(tmp_path / "m.ckpt", model))
-    assert loaded.config["prior"] == "mst"
+    assert loaded.config["prior"] == prior
     with torch.no_grad():
         assert torch.equal(loaded(op, op(x)), model(op, op(x)))
-    with pytest.raises(ValueError, match=r"prior must be one of \['mst', 'unet'\], got 'resnet'"):
+    with pytest.raises(ValueError, match=r"prior must be one of \['hst', 'mst', 'unet'\], got 'resnet'"):
         Refiner(bands=5, prior="resnet")
-    wider = Refiner(bands=5, stages=2, width=8, depth=2, solver=FAST_TV, prior="mst")
+    wider = Refiner(bands=5, stages=2, width=8, depth=2, solver=FAST_TV, prior=prior)
     with pytest.raises(ValueError, match="only U-Net stages can be widened"):
         TrainingModule(wider, lambda mask: CASSI(mask, bands=5, step=2), init_weights=str(tmp_path / "m.ckpt"))
 
@@ -661,7 +664,7 @@ def test_spectral_interp_is_linear_interpolation_clamped_at_the_ends():
         spectral_interp([500.0, 450.0], [470.0])
 
 
-@pytest.mark.parametrize("prior", ["unet", "mst"])
+@pytest.mark.parametrize("prior", ["unet", "mst", "hst"])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_transferred_u_net_equals_the_old_one_on_resampled_spectra(transpose, prior):
     """Carried from 5 bands to 7 (other wavelengths), the U-Net computes what the old one computes on the new

@@ -9,7 +9,6 @@ the originals by that rounding (at most half a step of max/255); the masks and t
 carried as they are.
 """
 import lzma
-import shutil
 import sys
 from pathlib import Path
 

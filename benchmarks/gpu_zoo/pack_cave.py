@@ -7,7 +7,6 @@ stored as 8 bits (lzma), with that maximum. The validation scenes are stored as 
 toolbox's test loader wants); the rest whole, for training. unpack() returns float32 arrays (H, W, 28) in [0, 1].
 """
 import argparse
-import io
 import lzma
 from pathlib import Path
 

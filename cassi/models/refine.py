@@ -11,6 +11,7 @@ precomputed (x, x₀, r) — no operator and no solver in the training loop (``c
 from __future__ import annotations
 
 import logging
+import re
 
 import torch
 from torch import nn
@@ -18,6 +19,7 @@ from torch import nn
 from cassi.data.first_iterates import scene_scale as _scale
 from cassi.models.blocks import UNet, widen_state
 from cassi.models.unrolled import Unrolled, _config, _plain
+from cassi.models.zoo.dauhst import HSTPrior
 from cassi.models.zoo.mst import SpectralUNet
 from cassi.registry import register
 from cassi.solvers.base import DEFAULT_SOLVER, Solver, build_solver
@@ -25,7 +27,7 @@ from cassi.solvers.base import DEFAULT_SOLVER, Solver, build_solver
 __all__ = ["Refiner", "build_solver", "DEFAULT_SOLVER", "spectral_interp", "stage_shapes", "transfer_weights"]
 
 log = logging.getLogger(__name__)
-_PRIORS = {"unet": UNet, "mst": SpectralUNet}  # a stage's network, (B, 2C [+1], H, W) -> (B, C, H, W)
+_PRIORS = {"unet": UNet, "mst": SpectralUNet, "hst": HSTPrior}  # a stage's network, (B, 2C [+1], H, W) -> (B, C, H, W)
 
 
 def stage_shapes(config: dict) -> list[tuple[int, int]]:
@@ -75,12 +77,17 @@ def transfer_weights(state: dict, bands: tuple[int, int], wavelengths: tuple | N
     out = {}
     for key, w in state.items():
         w = w.clone()
-        if key.startswith("priors.") and key.endswith((".down.0.0.weight", ".head.weight")):  # [x, r, mask?]
+        if transpose and key.endswith(("attn.bias", "local_bias", "shuffle_bias")):  # HST: position tables
+            out[key] = _transposed_positions(w, key)
+            continue
+        hst = re.fullmatch(r"priors\.\d+\.(embed|mapping)\.weight", key)  # HST's first and last layers
+        if key.startswith("priors.") and (key.endswith((".down.0.0.weight", ".head.weight")) or
+                                          hst and hst[1] == "embed"):
             if w.shape[1] not in (2 * c0, 2 * c0 + 1):
                 raise ValueError(f"transfer_weights: {key} has {w.shape[1]} inputs, not 2·{c0} (+1)")
             parts = [torch.einsum("oskl,sd->odkl", w[:, i * c0:(i + 1) * c0].double(), p).to(w.dtype) for i in (0, 1)]
             w = torch.cat([*parts, w[:, 2 * c0:]], dim=1)
-        elif key.startswith("priors.") and (key.endswith(".last.weight") or key.endswith(".last.bias")):
+        elif key.startswith("priors.") and (key.endswith((".last.weight", ".last.bias")) or hst):
             if w.shape[0] != c0:
                 raise ValueError(f"transfer_weights: {key} has {w.shape[0]} outputs, not {c0}")
             w = torch.einsum("ds,s...->d...", q, w.double()).to(w.dtype)
@@ -88,6 +95,17 @@ def transfer_weights(state: dict, bands: tuple[int, int], wavelengths: tuple | N
             w = w.transpose(-1, -2)
         out[key] = w.contiguous()
     return out
+
+
+def _transposed_positions(table: torch.Tensor, key: str) -> torch.Tensor:
+    """An attention's (…, n, n) position table, n = s² positions of an s×s window (or grid) in row-major order,
+    for the transposed image: new[…, p, q] = old[…, pᵀ, qᵀ] with (i, j)ᵀ = (j, i)."""
+    s = int(round(table.shape[-1] ** 0.5))
+    if s * s != table.shape[-1] or table.shape[-1] != table.shape[-2]:
+        raise ValueError(f"transfer_weights: {key} {tuple(table.shape)} is not a table over a square grid; "
+                         f"only those can be transposed")
+    t = torch.arange(s * s).view(s, s).t().reshape(-1)
+    return table[..., t[:, None], t[None, :]].contiguous()
 
 
 @register
@@ -109,7 +127,9 @@ class Refiner(Unrolled):
             noise it fits the noise.
         prior: each stage's network: ``"unet"`` (convolutional, :class:`cassi.models.blocks.UNet`) or ``"mst"``
             (MST's spectral-wise attention blocks in a U-Net, :class:`cassi.models.zoo.mst.SpectralUNet`; ``width``
-            is its first level's channels and head size, ``depth`` its levels + 1).
+            is its first level's channels and head size, ``depth`` its levels + 1) or ``"hst"`` (DAUHST's
+            half-shuffle transformer, :class:`cassi.models.zoo.dauhst.HSTPrior`; ``width`` its heads' size,
+            ``depth`` its scales).
         mask_input: each U-Net also sees the mask where the window lies, M (B, 1, H, W) (the mean over bands of a
             per-band mask): input 2C + 1 channels, [x/s, r/s, M]. GAP-TV's errors follow the mask's pattern.
         flip_ensemble: in ``forward``, a stage's correction is the mean of the correction of x and the mirrored

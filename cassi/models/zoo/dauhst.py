@@ -41,7 +41,7 @@ from cassi.models.zoo.toolbox import (ToolboxModel, dispersed_last, integer_offs
                                       shift_back, shifted_mask, undo)
 from cassi.registry import register
 
-__all__ = ["DAUHST", "DAUHSTReal", "HalfShuffleTransformer", "StageEstimator"]
+__all__ = ["DAUHST", "DAUHSTReal", "HalfShuffleTransformer", "HSTPrior", "StageEstimator"]
 
 RESIZE = ("grid", "flat")
 
@@ -396,6 +396,22 @@ class HalfShuffleTransformer(nn.Module):
         for up, fuse, dec, skip in zip(self.up, self.fuse, self.dec, reversed(skips)):
             fea = _run_blocks(dec, fuse(torch.cat([up(fea), skip], dim=1)))
         return _head(_head(self.mapping(fea) + _head(x, self.out_channels, 1), H, -2), W, -1)
+
+
+class HSTPrior(HalfShuffleTransformer):
+    """A stage network from DAUHST's blocks (the Refiner's ``prior="hst"``): the half-shuffle transformer above
+    with ``depth`` scales of one block each, heads of ``width`` channels (2^s heads at scale s), 8×8 windows,
+    across-window position tables for a 256² frame (other frames resize them over the window grid), and its
+    last mapping started at 0.01× its default initialisation, so that out ≈ x[:, :C_out] at step 0.
+    (B, C_in, H, W) -> (B, C_out, H, W) at any H, W."""
+
+    def __init__(self, in_channels: int, out_channels: int, width: int = 28, depth: int = 3):
+        check_positive_int("HSTPrior width", width)
+        check_positive_int("HSTPrior depth", depth)
+        side = 8 * 2 ** (depth - 1) * max(1, 256 // (8 * 2 ** (depth - 1)))
+        super().__init__(in_channels, out_channels, dim=width, blocks=[1] * depth, window=8, frame=(side, side))
+        with torch.no_grad():
+            self.mapping.weight.mul_(0.01)
 
 
 class StageEstimator(nn.Module):
