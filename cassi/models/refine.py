@@ -11,7 +11,6 @@ precomputed (x, x₀, r) — no operator and no solver in the training loop (``c
 from __future__ import annotations
 
 import logging
-import re
 
 import torch
 from torch import nn
@@ -27,7 +26,11 @@ from cassi.solvers.base import DEFAULT_SOLVER, Solver, build_solver
 __all__ = ["Refiner", "build_solver", "DEFAULT_SOLVER", "spectral_interp", "stage_shapes", "transfer_weights"]
 
 log = logging.getLogger(__name__)
-_PRIORS = {"unet": UNet, "mst": SpectralUNet, "hst": HSTPrior}  # a stage's network, (B, 2C [+1], H, W) -> (B, C, H, W)
+# a stage's network, (B, 2C [+1], H, W) -> (B, C, H, W)
+_PRIORS = {"unet": UNet, "mst": SpectralUNet, "hst": HSTPrior}
+# each network's first layer (reads [x, r, mask?]) and last layer (writes C bands), by name: UNet, SpectralUNet, HSTPrior
+_FIRST = {"down.0.0.weight", "head.weight", "embed.weight"}
+_LAST = {"last.weight", "last.bias", "mapping.weight"}
 
 
 def stage_shapes(config: dict) -> list[tuple[int, int]]:
@@ -64,8 +67,8 @@ def transfer_weights(state: dict, bands: tuple[int, int], wavelengths: tuple | N
                      transpose: bool = False) -> dict:
     """A Refiner's state dict carried to another camera: each U-Net's band-wise inputs (x and r, the first
     convolution) and outputs (the last one) resampled from ``bands[0]`` to ``bands[1]`` bands by linear
-    interpolation across wavelength, and with ``transpose`` every kernel transposed (a dispersion along the other
-    axis: the network conjugated by the swap of H and W, exact). Inputs: W' = W·P with P = spectral_interp(to,
+    interpolation across wavelength, and with ``transpose`` every kernel transposed and every attention position table
+    permuted to match (a dispersion along the other axis: the network conjugated by the swap of H and W, exact). Inputs: W' = W·P with P = spectral_interp(to,
     from) (what the old bands would see of the new ones); outputs: W' = Q·W, b' = Q·b with Q = spectral_interp(from,
     to). ``wavelengths``: (nm of the old bands, nm of the new), or None (band positions, evenly spread)."""
     c0, c1 = bands
@@ -77,21 +80,19 @@ def transfer_weights(state: dict, bands: tuple[int, int], wavelengths: tuple | N
     out = {}
     for key, w in state.items():
         w = w.clone()
-        if transpose and key.endswith(("attn.bias", "local_bias", "shuffle_bias")):  # HST: position tables
-            out[key] = _transposed_positions(w, key)
-            continue
-        hst = re.fullmatch(r"priors\.\d+\.(embed|mapping)\.weight", key)  # HST's first and last layers
-        if key.startswith("priors.") and (key.endswith((".down.0.0.weight", ".head.weight")) or
-                                          hst and hst[1] == "embed"):
+        name = key.split(".", 2)[2] if key.startswith("priors.") else ""  # the weight's name in its stage's network
+        if name in _FIRST:  # [x, r, mask?]
             if w.shape[1] not in (2 * c0, 2 * c0 + 1):
                 raise ValueError(f"transfer_weights: {key} has {w.shape[1]} inputs, not 2·{c0} (+1)")
             parts = [torch.einsum("oskl,sd->odkl", w[:, i * c0:(i + 1) * c0].double(), p).to(w.dtype) for i in (0, 1)]
             w = torch.cat([*parts, w[:, 2 * c0:]], dim=1)
-        elif key.startswith("priors.") and (key.endswith((".last.weight", ".last.bias")) or hst):
+        elif name in _LAST:
             if w.shape[0] != c0:
                 raise ValueError(f"transfer_weights: {key} has {w.shape[0]} outputs, not {c0}")
             w = torch.einsum("ds,s...->d...", q, w.double()).to(w.dtype)
-        if transpose and w.dim() == 4:
+        if transpose and name.endswith(("attn.bias", "local_bias", "shuffle_bias")):  # HST's position tables
+            w = _transposed_positions(w, key)
+        elif transpose and w.dim() == 4:
             w = w.transpose(-1, -2)
         out[key] = w.contiguous()
     return out
